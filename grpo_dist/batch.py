@@ -1,0 +1,106 @@
+"""From scored groups to the learner's ``TrainBatch``: reward shaping, advantages, rollout metrics.
+
+Pure functions (lists and tensors in, dataclasses and floats out): no Ray, no model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from grpo_dist.algo import group_advantages, group_reward_stats, rloo_advantages, softmax_weights
+from grpo_dist.config import AlgoConfig
+from grpo_dist.types import RewardResult, RolloutGroup, TrainBatch
+
+
+def compute_advantages(rewards: list[float], group_size: int, algo: AlgoConfig) -> list[float]:
+    """Per-sequence advantages (or seed 002's softmax weights) for contiguous groups."""
+    r = torch.tensor(rewards, dtype=torch.float64)
+    if algo.adv_estimator == "group":
+        a = group_advantages(r, group_size, scale=algo.adv_scale, std_unbiased=algo.std_unbiased, eps=algo.adv_eps)
+    elif algo.adv_estimator == "rloo":
+        a = rloo_advantages(r, group_size)
+    elif algo.adv_estimator == "softmax":
+        a = softmax_weights(r, group_size, temperature=algo.softmax_temperature)
+    else:  # pragma: no cover - the config forbids it
+        raise ValueError(f"algo.adv_estimator: unknown {algo.adv_estimator!r}")
+    return [float(x) for x in a]
+
+
+def overlong_penalty(length: int, max_tokens: int, buffer_frac: float, penalty: float) -> float:
+    """DAPO's soft overlong punishment: 0 up to ``max - buffer``, then linear down to ``-penalty``
+    at ``max_tokens`` (and beyond)."""
+    if buffer_frac <= 0:
+        return 0.0
+    buffer = max(1.0, buffer_frac * max_tokens)
+    start = max_tokens - buffer
+    if length <= start:
+        return 0.0
+    return -penalty * min(1.0, (length - start) / buffer)
+
+
+def zero_spread(rewards: list[float]) -> bool:
+    return max(rewards) - min(rewards) <= 1e-12
+
+
+def build_batch(groups: list[RolloutGroup], scores: RewardResult, group_size: int, algo: AlgoConfig,
+                max_tokens: int) -> tuple[TrainBatch, dict[str, float]]:
+    """Flatten groups (contiguous), shape rewards, compute advantages; also the rollout metrics."""
+    rollouts = [r for g in groups for r in g.rollouts]
+    if any(len(g.rollouts) != group_size for g in groups):
+        raise ValueError(f"every group must hold group_size={group_size} completions")
+    rewards = list(scores.total)
+    shaping = [overlong_penalty(len(r.completion_ids), max_tokens, algo.overlong_buffer, algo.overlong_penalty)
+               for r in rollouts]
+    shaped = [x + s for x, s in zip(rewards, shaping)]
+    adv = compute_advantages(shaped, group_size, algo)
+    masks = None
+    if algo.mask_truncated:
+        masks = [[0.0 if r.truncated else 1.0] * len(r.completion_ids) for r in rollouts]
+    batch = TrainBatch(
+        prompt_ids=[r.prompt_ids for r in rollouts],
+        completion_ids=[r.completion_ids for r in rollouts],
+        behaviour_logprobs=[r.logprobs for r in rollouts],
+        advantages=adv, loss_mask=masks,
+        adapter_versions=[r.adapter_version for r in rollouts], rewards=shaped,
+    )
+    metrics = rollout_metrics(rollouts, rewards, scores, group_size)
+    if algo.overlong_buffer > 0:
+        metrics["rollout/overlong_penalty_mean"] = sum(shaping) / len(shaping)
+    metrics["rollout/advantage_abs_mean"] = sum(abs(a) for a in adv) / len(adv)
+    return batch, metrics
+
+
+def rollout_metrics(rollouts, rewards: list[float], scores: RewardResult, group_size: int) -> dict[str, float]:
+    stats = group_reward_stats(torch.tensor(rewards, dtype=torch.float64), group_size)
+    lengths = [len(r.completion_ids) for r in rollouts]
+    m = {
+        "rollout/reward_mean": stats["reward_mean"],
+        "rollout/reward_std": stats["reward_std"],
+        "rollout/frac_reward_zero_std": stats["frac_reward_zero_std"],
+        "rollout/completion_length_mean": sum(lengths) / len(lengths),
+        "rollout/completion_length_max": float(max(lengths)),
+        "rollout/truncated_frac": sum(r.truncated for r in rollouts) / len(rollouts),
+        "rollout/num_completions": float(len(rollouts)),
+    }
+    for name, values in scores.per_function.items():
+        finite = [v for v in values if v is not None and math.isfinite(v)]
+        m[f"reward/{name}"] = sum(finite) / max(1, len(finite))
+    for name, count in scores.errors.items():
+        m[f"reward/errors/{name}"] = float(count)
+    return m
+
+
+def sample_rows(groups: list[RolloutGroup], scores: RewardResult, limit: int) -> list[list]:
+    """Rows of the W&B sample table: one completion from each of the first groups."""
+    rows = []
+    flat = [(g, r) for g in groups for r in g.rollouts]
+    for i, (g, r) in enumerate(flat):
+        if i % len(g.rollouts) == 0 and len(rows) < limit:
+            rows.append([r.prompt, r.completion, str(r.columns.get("answer", "")), float(scores.total[i]),
+                         r.finish_reason, r.adapter_version])
+    return rows
+
+
+SAMPLE_COLUMNS = ["prompt", "completion", "answer", "reward", "finish_reason", "adapter_version"]

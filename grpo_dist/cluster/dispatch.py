@@ -1,0 +1,46 @@
+"""Sharding work over actor groups and merging the results back in order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpo_dist.cluster.ray_utils import ActorGroup
+from grpo_dist.types import RewardResult, RolloutGroup
+
+
+def split(items: list[Any], parts: int) -> list[list[Any]]:
+    """Contiguous, balanced shards (empty shards dropped at the end)."""
+    n = len(items)
+    return [items[n * i // parts: n * (i + 1) // parts] for i in range(parts)]
+
+
+def generate(rollout: ActorGroup, records: list[Any], **kwargs) -> list[RolloutGroup]:
+    """Prompts sharded over the rollout workers; groups come back in prompt order."""
+    shards = split(records, len(rollout))
+    refs = [a.generate.remote(s, **kwargs) for a, s in zip(rollout.actors, shards) if s]
+    return [g for part in rollout.get(refs) for g in part]
+
+
+def score(reward: ActorGroup, groups: list[RolloutGroup]) -> RewardResult:
+    """Completions (flattened, groups contiguous) sharded over the reward workers."""
+    flat = [r for g in groups for r in g.rollouts]
+    shards = split(flat, len(reward))
+    refs = []
+    for a, s in zip(reward.actors, shards):
+        if not s:
+            continue
+        cols: dict[str, list] = {}
+        keys = sorted({k for r in s for k in r.columns})
+        for k in keys:
+            cols[k] = [r.columns.get(k) for r in s]
+        cols["completion_ids"] = [r.completion_ids for r in s]
+        refs.append(a.score.remote([r.prompt for r in s], [r.completion for r in s], cols))
+    parts: list[RewardResult] = reward.get(refs)
+    total, per_fn, errors = [], {}, {}
+    for p in parts:
+        total.extend(p.total)
+        for k, v in p.per_function.items():
+            per_fn.setdefault(k, []).extend(v)
+        for k, v in p.errors.items():
+            errors[k] = errors.get(k, 0) + v
+    return RewardResult(total=total, per_function=per_fn, errors=errors)

@@ -1,0 +1,125 @@
+"""Ray glue: start or join a cluster, check resources before any actor starts, run actor groups.
+
+The workers themselves (RolloutWorker, RewardWorker, Learner) are plain classes; this module is
+the only place that knows about ``ray.remote``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+from grpo_dist.config import Config
+from grpo_dist.env import setup_env
+
+log = logging.getLogger("grpo_dist.cluster")
+
+
+class ClusterError(RuntimeError):
+    """A worker died, failed or could not be placed; the message names which."""
+
+
+def init_ray(cfg: Config) -> dict[str, Any]:
+    """Join ``cluster.address`` (or the job's cluster) or start a local one on loopback."""
+    env = setup_env()
+    if ray.is_initialized():
+        return ray.cluster_resources()
+    runtime_env = {"env_vars": env}
+    if cfg.cluster.address:
+        ray.init(address=cfg.cluster.address, runtime_env=runtime_env, log_to_driver=True)
+    else:
+        ray.init(num_cpus=cfg.cluster.num_cpus, include_dashboard=False, runtime_env=runtime_env,
+                 log_to_driver=True, configure_logging=True, logging_level=logging.WARNING)
+    return ray.cluster_resources()
+
+
+def check_resources(cfg: Config) -> None:
+    """Fail now, not after a hang: an actor asking for more than the cluster has never starts."""
+    have = ray.cluster_resources()
+    need = cfg.resource_demand()
+    for res, amount in need.items():
+        if amount > have.get(res, 0.0) + 1e-9:
+            raise ClusterError(
+                f"cluster: actors need {amount:g} {res} but the cluster has {have.get(res, 0.0):g} "
+                f"(rollout {cfg.rollout.num_workers} x {cfg.cluster.rollout_cpus} CPU / {cfg.cluster.rollout_gpus} GPU, "
+                f"reward {cfg.reward.num_workers} x {cfg.cluster.reward_cpus} CPU, "
+                f"learner {cfg.learner.num_learners} x {cfg.cluster.learner_cpus} CPU / {cfg.cluster.learner_gpus} GPU)")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ActorGroup:
+    """N actors of one role; every call names the role and rank of a failed actor."""
+
+    role: str
+    actors: list[Any]
+
+    @classmethod
+    def create(cls, role: str, worker_cls: type, args_per_rank: Sequence[tuple], *, num_cpus: float,
+               num_gpus: float = 0.0, max_concurrency: int = 1) -> "ActorGroup":
+        remote_cls = ray.remote(worker_cls)
+        actors = [remote_cls.options(num_cpus=num_cpus, num_gpus=num_gpus, name=None,
+                                     max_concurrency=max_concurrency).remote(*args)
+                  for args in args_per_rank]
+        return cls(role, actors)
+
+    def __len__(self) -> int:
+        return len(self.actors)
+
+    def call(self, method: str, *args, **kwargs) -> list[Any]:
+        """Same call on every actor; returns ObjectRefs."""
+        return [getattr(a, method).remote(*args, **kwargs) for a in self.actors]
+
+    def call_each(self, method: str, per_rank_args: Sequence[tuple]) -> list[Any]:
+        return [getattr(a, method).remote(*args) for a, args in zip(self.actors, per_rank_args)]
+
+    def get(self, refs: list[Any], timeout: float | None = None) -> list[Any]:
+        """``ray.get`` that turns a dead or failing actor into one clear ClusterError."""
+        try:
+            return ray.get(refs, timeout=timeout)
+        except GetTimeoutError as e:
+            raise ClusterError(f"{self.role}: no answer within {timeout:g} s (unsatisfiable resources "
+                               f"or a hung worker)") from e
+        except RayActorError as e:
+            rank = _which(refs, self.actors)
+            raise ClusterError(f"{self.role} worker {rank} died: {e.__class__.__name__}: "
+                               f"{str(e).splitlines()[0] if str(e) else ''}") from e
+        except RayTaskError as e:
+            rank = _which(refs, self.actors)
+            cause = e.cause if getattr(e, "cause", None) is not None else e
+            raise ClusterError(f"{self.role} worker {rank} failed: {cause.__class__.__name__}: {cause}") from e
+
+    def kill(self) -> None:
+        for a in self.actors:
+            try:
+                ray.kill(a)
+            except Exception:  # pragma: no cover - already gone
+                pass
+        self.actors = []
+
+
+def _which(refs: list[Any], actors: list[Any]) -> str:
+    """Best effort: the rank of the first ref that failed."""
+    for i, r in enumerate(refs):
+        try:
+            ray.get(r, timeout=0)
+        except GetTimeoutError:
+            continue
+        except Exception:
+            return str(i) if len(refs) == len(actors) else "?"
+    return "?"
+
+
+def shutdown_ray() -> None:
+    if ray.is_initialized():
+        ray.shutdown()

@@ -1,0 +1,376 @@
+"""One typed config tree: YAML file + dotted command-line overrides, validated before anything starts.
+
+Only pydantic and yaml are imported here, so a bad config fails in well under a second, before
+torch, Ray or vLLM are touched. ``load_config`` raises ``ConfigError`` whose message is one line
+naming the key and the problem; the CLI prints it and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from grpo_dist.presets import PRESETS, apply_preset
+
+
+class ConfigError(ValueError):
+    """A config problem, one line: ``<dotted.key>: <problem>``."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TinyModelSpec(Section):
+    size: Literal["tiny", "small"] = Field("tiny", description="Architecture size of the generated model.")
+    pretrain_task: Optional[str] = Field("add", description="Synthetic task to pretrain on (noisy labels).")
+    steps: Optional[int] = Field(None, description="Pretraining steps (None = the task's default).")
+    seed: int = Field(0, description="Seed for weights, data and noise.")
+
+
+class ModelConfig(Section):
+    path: str = Field("models/tiny-add", description="HF model directory (local path) loaded by vLLM and the learner.")
+    make_if_missing: Optional[TinyModelSpec] = Field(
+        None, description="If set and model.path does not exist, generate a local tiny model there first.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype for learner and vLLM.")
+    max_model_len: int = Field(256, gt=0, description="Max prompt + completion tokens.")
+    trust_remote_code: bool = Field(False, description="Passed to transformers and vLLM.")
+
+
+class LoraConfig(Section):
+    enabled: bool = Field(True, description="Train a LoRA adapter (else all weights, synced via vLLM reload_weights).")
+    r: int = Field(8, gt=0, description="LoRA rank.")
+    alpha: float = Field(16.0, gt=0, description="LoRA alpha (scaling = alpha / r).")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="Module names that get LoRA.")
+
+
+class DataConfig(Section):
+    path: str = Field("builtin:add", description="Prompts: builtin:<task>[?n=&max_operand=], .jsonl, .json, .parquet or a saved HF dataset dir.")
+    split: Optional[str] = Field(None, description="Split of a saved HF DatasetDict.")
+    eval_path: Optional[str] = Field("builtin:add", description="Held-out prompts (same formats); null = no eval.")
+    eval_split: Optional[str] = Field(None, description="Split of the eval dataset.")
+    eval_size: int = Field(64, gt=0, description="Number of held-out prompts used by evaluation.")
+    prompt_column: str = Field("prompt", description="Column holding the prompt text.")
+    answer_column: str = Field("answer", description="Column holding the reference answer.")
+    column_mapping: dict[str, str] = Field(default_factory=dict, description="Rename source columns {source: target}.")
+    chat_template: bool = Field(False, description="Wrap prompts with the tokenizer's chat template.")
+    system_prompt: Optional[str] = Field(None, description="System message when chat_template is on.")
+    limit: Optional[int] = Field(None, gt=0, description="Use at most this many training prompts.")
+    shuffle: bool = Field(True, description="Reshuffle prompts every epoch (seeded by trainer.seed).")
+
+
+class RolloutConfig(Section):
+    backend: Literal["vllm", "hf"] = Field("vllm", description="Generation engine: vLLM (CPU or GPU build) or transformers.")
+    num_workers: int = Field(2, gt=0, description="Number of rollout actors (each owns one engine).")
+    group_size: int = Field(8, description="G: completions sampled per prompt (>= 2).")
+    prompts_per_step: int = Field(8, gt=0, description="Prompts per training step (batch = prompts_per_step * G).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus sampling.")
+    top_k: int = Field(-1, ge=-1, description="Top-k sampling (-1 = off).")
+    max_tokens: int = Field(8, gt=0, description="Max completion tokens.")
+    stop: list[str] = Field(default_factory=list, description="Stop strings.")
+    seed: Optional[int] = Field(None, description="Engine seed (None = derived from trainer.seed and worker rank).")
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1.0, description="vLLM memory fraction (GPU build).")
+    cpu_kvcache_gb: int = Field(1, gt=0, description="vLLM CPU build KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE).")
+    enforce_eager: bool = Field(True, description="Disable CUDA graphs / compilation in vLLM.")
+    max_loras: int = Field(1, gt=0, description="Adapters vLLM keeps resident (old versions are evicted).")
+
+    @field_validator("group_size")
+    @classmethod
+    def _g(cls, v: int) -> int:
+        if v < 2:
+            raise ValueError("must be >= 2: group-relative advantages need at least two completions")
+        return v
+
+
+class RewardFnConfig(Section):
+    name: Optional[str] = Field(None, description="Name used in logs (reward/<name>); defaults to fn.")
+    fn: str = Field(..., description="Builtin name (correctness, format, length, pattern, composite), 'module:function' or 'file.py:function'.")
+    weight: float = Field(1.0, description="Weight in the total reward.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments bound to the function.")
+
+    @field_validator("weight")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be finite")
+        return v
+
+
+class RewardConfig(Section):
+    functions: list[RewardFnConfig] = Field(
+        default_factory=lambda: [RewardFnConfig(fn="correctness")], description="Reward functions, summed with weights.")
+    num_workers: int = Field(1, gt=0, description="Number of reward actors.")
+    timeout_s: float = Field(30.0, gt=0, description="Per-call timeout of one reward function on one batch.")
+    failure_reward: float = Field(0.0, description="Reward given where a function raised, timed out or returned NaN.")
+
+
+KL_KINDS = Literal["k1", "k2", "k3", "low_var_kl"]
+AGG_MODES = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
+
+class AlgoConfig(Section):
+    preset: str = Field("grpo", description=f"One of {sorted(PRESETS)}; fills the fields below you leave unset.")
+    loss: Literal["clip", "weighted_nll"] = Field("clip", description="Clipped surrogate (PPO/GRPO) or seed 002's weighted NLL.")
+    adv_estimator: Literal["group", "rloo", "softmax"] = Field("group", description="Group z-score, leave-one-out, or in-group softmax weights.")
+    adv_scale: Literal["group", "batch", "none"] = Field("group", description="Divide advantages by the group std, batch std, or nothing.")
+    std_unbiased: bool = Field(True, description="Unbiased (n-1) std for advantage scaling.")
+    adv_eps: float = Field(1e-4, ge=0, description="Added to the std before dividing.")
+    softmax_temperature: float = Field(1.0, gt=0, description="Temperature of seed 002's in-group softmax.")
+    beta: float = Field(0.04, ge=0, description="KL coefficient (0 = no KL, no reference pass).")
+    kl_kind: KL_KINDS = Field("k3", description="KL estimator.")
+    kl_reference: Literal["ref", "old"] = Field("ref", description="KL against the frozen reference or the old policy (seed 003).")
+    clip_low: float = Field(0.2, gt=0, lt=1, description="Lower clip: ratio >= 1 - clip_low.")
+    clip_high: float = Field(0.2, gt=0, description="Upper clip: ratio <= 1 + clip_high.")
+    dual_clip: Optional[float] = Field(None, gt=1, description="Dual-clip constant c > 1 for negative advantages.")
+    ratio_level: Literal["token", "sequence"] = Field("token", description="Token ratio (PPO/GRPO) or sequence ratio (GSPO).")
+    agg: AGG_MODES = Field("seq-mean-token-mean", description="How per-token losses become one scalar.")
+    max_len: Optional[int] = Field(None, gt=0, description="Normaliser of seq-mean-token-sum-norm (default max_tokens).")
+    num_iterations: int = Field(1, gt=0, description="Gradient updates per batch (old log-probs recomputed when > 1).")
+    dynamic_sampling: bool = Field(False, description="Drop zero-spread groups and refill with new prompts (DAPO).")
+    max_sampling_rounds: int = Field(3, ge=0, description="Extra generation rounds dynamic sampling may spend per step.")
+    overlong_buffer: float = Field(0.0, ge=0, lt=1, description="Soft length penalty starts this fraction before max_tokens (0 = off).")
+    overlong_penalty: float = Field(1.0, ge=0, description="Penalty at max_tokens for overlong shaping.")
+    mask_truncated: bool = Field(False, description="Mask truncated completions out of the loss.")
+    ref_refresh_every: int = Field(0, ge=0, description="Mix the adapter into the reference every k steps (0 = never).")
+    ref_refresh_mix: float = Field(1.0, gt=0, le=1, description="Mix fraction of a reference refresh.")
+    top_entropy_frac: float = Field(1.0, gt=0, le=1, description="Train only on this top fraction of tokens by entropy.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            try:
+                return apply_preset(data)
+            except ValueError as e:
+                raise _KeyError("algo.preset", str(e)) from None
+        return data
+
+
+class LearnerConfig(Section):
+    num_learners: int = Field(1, gt=0, description="Learner ranks in one DeepSpeed data-parallel group.")
+    zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
+    lr: float = Field(2e-3, gt=0, description="Peak learning rate.")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.99), description="Adam betas.")
+    grad_clip: float = Field(1.0, ge=0, description="Max grad norm (0 = off).")
+    micro_batch_size: int = Field(16, gt=0, description="Sequences per forward/backward (gradient accumulation above it).")
+    torch_adam: bool = Field(True, description="Use torch Adam in DeepSpeed (no fused-op compile; needed on CPU).")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward.")
+    comm_backend: Optional[str] = Field(None, description="torch.distributed backend (default gloo on CPU, nccl on GPU).")
+
+
+class SyncConfig(Section):
+    transport: Literal["object_store", "filesystem"] = Field("object_store", description="How adapter tensors travel to rollout workers.")
+    tmp_dir: Optional[str] = Field(None, description="Where workers write adapter versions (default /dev/shm or tmp).")
+    keep_versions: int = Field(2, gt=0, description="Adapter versions kept on each worker's disk.")
+
+
+class ClusterConfig(Section):
+    address: Optional[str] = Field(None, description="Ray address ('auto' inside a Ray job); null = start a local cluster.")
+    num_cpus: Optional[int] = Field(None, gt=0, description="CPUs of the local cluster (default: all).")
+    rollout_cpus: float = Field(0.5, gt=0, description="CPUs reserved per rollout actor.")
+    rollout_gpus: float = Field(0.0, ge=0, description="GPUs per rollout actor.")
+    reward_cpus: float = Field(0.25, gt=0, description="CPUs per reward actor.")
+    learner_cpus: float = Field(0.5, gt=0, description="CPUs per learner rank.")
+    learner_gpus: float = Field(0.0, ge=0, description="GPUs per learner rank.")
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field("PACK", description="Placement group strategy.")
+    torch_threads: int = Field(1, gt=0, description="torch threads inside each actor (CPU runs).")
+    actor_start_timeout_s: float = Field(600.0, gt=0, description="Fail if actors are not up by then (unsatisfiable resources).")
+
+
+class LoggingConfig(Section):
+    wandb_mode: Literal["online", "offline", "disabled"] = Field("offline", description="W&B mode.")
+    project: str = Field("grpo_dist", description="W&B project.")
+    entity: Optional[str] = Field(None, description="W&B entity.")
+    run_name: Optional[str] = Field(None, description="W&B run name.")
+    sample_table_every: int = Field(5, ge=0, description="Log a table of sample completions every k steps (0 = never).")
+    sample_table_rows: int = Field(8, gt=0, description="Rows in that table.")
+    progress: bool = Field(True, description="Show a rich progress bar.")
+
+
+class CheckpointConfig(Section):
+    dir: Optional[str] = Field(None, description="Checkpoint directory (default <output_dir>/checkpoints).")
+    every: int = Field(10, ge=0, description="Checkpoint every k steps (0 = only at the end).")
+    keep: int = Field(2, gt=0, description="Checkpoints kept.")
+    resume: Optional[str] = Field(None, description="'auto' (latest in dir) or a checkpoint path.")
+
+
+class TrainerConfig(Section):
+    steps: int = Field(30, gt=0, description="Training steps (one batch of prompts each).")
+    seed: int = Field(0, description="Global seed.")
+    eval_every: int = Field(0, ge=0, description="Evaluate every k steps (0 = only before and after).")
+    eval_before_after: bool = Field(True, description="Evaluate held-out accuracy before and after training.")
+
+
+class EvalConfig(Section):
+    samples_per_prompt: int = Field(4, gt=0, description="n samples per prompt for pass@k / sampled accuracy.")
+    pass_k: list[int] = Field(default_factory=lambda: [1, 4], description="k values for pass@k.")
+    temperature: Optional[float] = Field(None, gt=0, description="Sampling temperature (default rollout.temperature).")
+    greedy: bool = Field(True, description="Also report greedy accuracy.")
+
+
+class Config(Section):
+    output_dir: str = Field("runs/default", description="Where summary.json, checkpoints, adapters and W&B files go.")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    sync: SyncConfig = Field(default_factory=SyncConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    @model_validator(mode="after")
+    def _cross(self) -> "Config":
+        n = self.rollout.prompts_per_step * self.rollout.group_size
+        per_rank = self.learner.num_learners * self.learner.micro_batch_size
+        if n % self.learner.num_learners:
+            raise _key_error("learner.num_learners",
+                             f"batch {n} (prompts_per_step * group_size) is not divisible by {self.learner.num_learners} ranks")
+        if (n // self.learner.num_learners) % self.learner.micro_batch_size:
+            raise _key_error("learner.micro_batch_size",
+                             f"per-rank batch {n // self.learner.num_learners} is not divisible by micro_batch_size "
+                             f"{self.learner.micro_batch_size} (need prompts_per_step*group_size % {per_rank} == 0)")
+        if self.rollout.max_tokens >= self.model.max_model_len:
+            raise _key_error("rollout.max_tokens", f"{self.rollout.max_tokens} leaves no room for the prompt "
+                             f"within model.max_model_len {self.model.max_model_len}")
+        if not self.reward.functions:
+            raise _key_error("reward.functions", "at least one reward function is needed")
+        if max(self.eval.pass_k) > self.eval.samples_per_prompt:
+            raise _key_error("eval.pass_k", f"k={max(self.eval.pass_k)} exceeds eval.samples_per_prompt "
+                             f"{self.eval.samples_per_prompt}")
+        if self.cluster.address is None and self.cluster.num_cpus is not None:
+            need = self.resource_demand()["CPU"]
+            if need > self.cluster.num_cpus + 1e-9:
+                raise _key_error("cluster.num_cpus", f"actors need {need:g} CPUs but the local cluster has "
+                                 f"{self.cluster.num_cpus} (lower cluster.*_cpus or worker counts)")
+        return self
+
+    def resource_demand(self) -> dict[str, float]:
+        c = self
+        return {
+            "CPU": c.rollout.num_workers * c.cluster.rollout_cpus + c.reward.num_workers * c.cluster.reward_cpus
+            + c.learner.num_learners * c.cluster.learner_cpus,
+            "GPU": c.rollout.num_workers * c.cluster.rollout_gpus + c.learner.num_learners * c.cluster.learner_gpus,
+        }
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.checkpoint.dir) if self.checkpoint.dir else Path(self.output_dir) / "checkpoints"
+
+
+class _KeyError(ValueError):
+    def __init__(self, key: str, msg: str):
+        super().__init__(msg)
+        self.key, self.msg = key, msg
+
+
+def _key_error(key: str, msg: str) -> _KeyError:
+    return _KeyError(key, msg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading: YAML + overrides -> Config, errors as one line
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """``["--algo.beta", "0.0", "--rollout.stop=[x]"]`` -> nested dict. Values are parsed as YAML."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if not a.startswith("--"):
+            raise ConfigError(f"{a}: expected --section.key VALUE")
+        key = a[2:]
+        if "=" in key:
+            key, raw = key.split("=", 1)
+        else:
+            if i + 1 >= len(args):
+                raise ConfigError(f"{key}: missing value")
+            raw = args[i + 1]
+            i += 1
+        i += 1
+        value = yaml.safe_load(raw) if raw != "" else ""
+        node = out
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{key}: conflicts with another override")
+        node[parts[-1]] = value
+    return out
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _format_validation_error(e: ValidationError) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"])
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    ctx_err = (err.get("ctx") or {}).get("error")
+    if isinstance(ctx_err, _KeyError):
+        return f"{ctx_err.key}: {ctx_err.msg}"
+    got = err.get("input")
+    suffix = f" (got {got!r})" if err["type"] != "extra_forbidden" and not isinstance(got, (dict, list)) else ""
+    return f"{loc or '<root>'}: {msg}{suffix}"
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e)) from None
+    except _KeyError as e:
+        raise ConfigError(f"{e.key}: {e.msg}") from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None) -> Config:
+    """Load ``path`` (YAML) and apply overrides; raise ConfigError (one line) on any problem."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"--config: file not found: {p}")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark else ""
+            raise ConfigError(f"--config: invalid YAML in {p}{where}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"--config: {p} must hold a mapping at the top level")
+    if overrides:
+        over = parse_overrides(overrides) if isinstance(overrides, list) else overrides
+        data = _merge(data, over)
+    return config_from_dict(data)
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

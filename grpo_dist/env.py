@@ -1,0 +1,39 @@
+"""Process environment defaults, applied by every entry point (CLI, actors, tests) before heavy imports.
+
+Only ``setdefault``: anything the user exported wins.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PROJECT_CACHE = Path(os.environ.get("GRPO_DIST_CACHE", Path.cwd() / ".cache"))
+
+
+def setup_env() -> dict[str, str]:
+    """Set the defaults this project relies on; return the ones that should travel to Ray workers."""
+    defaults = {
+        # DeepSpeed compiles its CPU ops once into the project's cache, not ~/.cache.
+        "TORCH_EXTENSIONS_DIR": str(PROJECT_CACHE / "torch_extensions"),
+        # No model hub: every model is a local directory.
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        # Ray on loopback only, no token auth for a local head.
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_DEDUP_LOGS": "1",
+        # vLLM: no usage stats; V1 engine in-process keeps one engine per actor simple to manage.
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_DO_NOT_TRACK": "1",
+        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        "WANDB_SILENT": "true",
+        "WANDB_DISABLE_CODE": "true",
+    }
+    for k, v in defaults.items():
+        os.environ.setdefault(k, v)
+    Path(os.environ["TORCH_EXTENSIONS_DIR"]).mkdir(parents=True, exist_ok=True)
+    keys = list(defaults) + ["VLLM_CPU_KVCACHE_SPACE", "WANDB_MODE", "WANDB_DIR", "PYTHONPATH", "GRPO_DIST_CACHE"]
+    return {k: os.environ[k] for k in keys if k in os.environ}

@@ -1,0 +1,55 @@
+"""Monitoring behind one small base class: W&B (online/offline/disabled) and the console."""
+
+from __future__ import annotations
+
+import abc
+import math
+from typing import Any
+
+
+class Monitor(abc.ABC):
+    def start(self, total_steps: int) -> None:
+        pass
+
+    @abc.abstractmethod
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        """Namespaced scalars: rollout/…, reward/…, train/…, sync/…, timing/…, perf/…, eval/…"""
+
+    def log_table(self, name: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        pass
+
+    def summary(self, values: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class MultiMonitor(Monitor):
+    def __init__(self, monitors: list[Monitor]):
+        self.monitors = monitors
+
+    def start(self, total_steps: int) -> None:
+        for m in self.monitors:
+            m.start(total_steps)
+
+    def log(self, metrics, step):
+        for m in self.monitors:
+            m.log(metrics, step)
+
+    def log_table(self, name, columns, rows, step):
+        for m in self.monitors:
+            m.log_table(name, columns, rows, step)
+
+    def summary(self, values):
+        for m in self.monitors:
+            m.summary(values)
+
+    def close(self):
+        for m in self.monitors:
+            m.close()
+
+
+def non_finite(metrics: dict[str, float]) -> list[str]:
+    """Names of metrics that are NaN or infinite (the trainer refuses to go on silently)."""
+    return [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]

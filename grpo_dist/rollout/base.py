@@ -1,0 +1,60 @@
+"""The generator interface every rollout backend implements (vLLM CPU/GPU, transformers).
+
+A backend turns prompt token ids into G sampled completions each, with per-token behaviour
+log-probs of the *processed* distribution (temperature applied), so that the learner's
+``log_softmax(logits / T)`` is directly comparable. It serves the base model (version 0) or a
+LoRA adapter directory (version >= 1), or reloads full weights (``lora.enabled: false``).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingSpec:
+    n: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 16
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class Sample:
+    token_ids: list[int]
+    text: str
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length"
+
+
+class Generator(abc.ABC):
+    """One inference engine. Not thread-safe; one per rollout actor."""
+
+    @abc.abstractmethod
+    def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec) -> list[list[Sample]]:
+        """For each prompt, ``spec.n`` samples (in order). Greedy when temperature == 0."""
+
+    @abc.abstractmethod
+    def set_adapter(self, version: int, path: str | None) -> None:
+        """Serve LoRA adapter ``path`` as ``version`` from now on (None: the base model)."""
+
+    @abc.abstractmethod
+    def load_full_weights(self, path: str) -> None:
+        """Reload all model weights from a safetensors directory (full fine-tuning sync)."""
+
+    tokenizer = None  # a transformers tokenizer, set by the backend
+
+    def tokenize(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """Prompt ids exactly as the learner will see them (the Rollout carries these ids)."""
+        return [self.tokenizer(t, add_special_tokens=add_special_tokens)["input_ids"] for t in texts]
+
+    def close(self) -> None:  # pragma: no cover - backends override when they hold resources
+        pass

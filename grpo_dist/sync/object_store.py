@@ -1,0 +1,23 @@
+"""Default transport: the Ray object store.
+
+The learner's returned ``AdapterUpdate`` already lives in the object store as the result of
+``learner.export_update.remote()``; the driver hands the same ``ObjectRef`` to every worker, so
+the tensors are serialised once and each node fetches them once (zero-copy within a node).
+"""
+
+from __future__ import annotations
+
+from grpo_dist.sync.base import WeightTransport
+from grpo_dist.types import AdapterUpdate
+
+
+class ObjectStoreTransport(WeightTransport):
+    name = "object_store"
+
+    def publish(self, update: AdapterUpdate) -> AdapterUpdate:
+        return update
+
+    def receive(self, payload: object) -> AdapterUpdate:
+        if not isinstance(payload, AdapterUpdate):
+            raise TypeError(f"object_store transport expected an AdapterUpdate, got {type(payload).__name__}")
+        return payload

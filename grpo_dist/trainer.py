@@ -1,0 +1,208 @@
+"""The driver: generate -> score -> advantages -> learn -> sync, strictly on-policy.
+
+Reads like the algorithm; everything else lives in ``batch`` (pure shaping/advantages),
+``cluster`` (Ray), ``evaluation``, ``checkpoint`` and ``monitor``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from grpo_dist import checkpoint
+from grpo_dist.batch import SAMPLE_COLUMNS, build_batch, sample_rows, zero_spread
+from grpo_dist.cluster import dispatch
+from grpo_dist.cluster.actors import Workers, start_workers
+from grpo_dist.cluster.ray_utils import check_resources, init_ray
+from grpo_dist.config import Config
+from grpo_dist.data import PromptStream
+from grpo_dist.evaluation import eval_metrics, evaluate
+from grpo_dist.monitor import Monitor, non_finite
+from grpo_dist.setup_run import load_data, make_monitor, prepare_model
+
+log = logging.getLogger("grpo_dist.trainer")
+
+
+class TrainingError(RuntimeError):
+    pass
+
+
+class Trainer:
+    def __init__(self, cfg: Config, monitor: Monitor | None = None):
+        self.cfg = cfg
+        self.out = Path(cfg.output_dir)
+        self.monitor = monitor
+        self.workers: Workers | None = None
+        self.step = 0
+
+    # ---------------------------------------------------------------- set-up
+    def setup(self) -> dict[str, Any]:
+        cfg = self.cfg
+        self.out.mkdir(parents=True, exist_ok=True)
+        prepare_model(cfg)
+        self.train_records, self.eval_records = load_data(cfg)
+        self.stream = PromptStream(self.train_records, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
+        init_ray(cfg)
+        check_resources(cfg)
+        self.monitor = self.monitor or make_monitor(cfg)
+        self.workers, info = start_workers(cfg)
+        if cfg.checkpoint.resume:
+            self.step = checkpoint.restore(cfg, self.workers, self.stream)
+            self.sync()
+        return info
+
+    # ---------------------------------------------------------------- one step
+    def collect(self, t: "_Timer") -> tuple[list, Any, dict[str, float]]:
+        """Generate and score; with dynamic sampling, drop zero-spread groups and refill."""
+        cfg, w = self.cfg, self.workers
+        want, kept, kept_scores, rounds, seen = cfg.rollout.prompts_per_step, [], [], 0, 0
+        while True:
+            records = self.stream.next_batch(want - len(kept))
+            with t("generate"):
+                groups = dispatch.generate(w.rollout, records)
+            with t("score"):
+                scores = dispatch.score(w.reward, groups)
+            seen += len(groups)
+            G = cfg.rollout.group_size
+            for i, g in enumerate(groups):
+                part = slice(i * G, (i + 1) * G)
+                if cfg.algo.dynamic_sampling and zero_spread(scores.total[part]) \
+                        and rounds < cfg.algo.max_sampling_rounds:
+                    continue
+                kept.append(g)
+                kept_scores.append((scores.total[part], {k: v[part] for k, v in scores.per_function.items()},
+                                    scores.errors))
+            if len(kept) >= want or not cfg.algo.dynamic_sampling:
+                break
+            rounds += 1
+        merged = _merge_scores(kept_scores)
+        return kept[:want], merged, {"rollout/sampling_rounds": float(rounds),
+                                     "rollout/pass_rate": len(kept) / max(1, seen)}
+
+    def sync(self) -> dict[str, float]:
+        """Learner rank 0 exports version v+1; every rollout worker loads it."""
+        w = self.workers
+        update = w.learner.actors[0].export_update.remote()
+        results = w.rollout.get(w.rollout.call("load_update", update))
+        versions = {r["version"] for r in results}
+        if len(versions) != 1:
+            raise TrainingError(f"rollout workers disagree on the adapter version: {sorted(versions)}")
+        return {"sync/bytes": float(results[0]["bytes"]), "sync/seconds": max(r["seconds"] for r in results),
+                "sync/version": float(versions.pop())}
+
+    def train_step(self) -> dict[str, float]:
+        cfg, w, t = self.cfg, self.workers, _Timer()
+        groups, scores, m = self.collect(t)
+        batch, rollout_m = build_batch(groups, scores, cfg.rollout.group_size, cfg.algo, cfg.rollout.max_tokens)
+        m.update(rollout_m)
+        with t("learn"):
+            k = len(w.learner)
+            stats = w.learner.get(w.learner.call_each("train_step", [(batch.shard(r, k),) for r in range(k)]))
+        m.update(stats[0])
+        with t("sync"):
+            sync_m = self.sync()
+        m.update(sync_m)
+        m.update(t.metrics())
+        tokens = sum(len(c) for c in batch.completion_ids)
+        m["perf/tokens_per_s"] = tokens / max(1e-9, m["timing/step"])
+        bad = non_finite(m)
+        if bad:
+            raise TrainingError(f"step {self.step + 1}: non-finite metrics {bad}; stopping before the "
+                                f"next rollout (last good checkpoint in {cfg.checkpoint_dir})")
+        self._last_samples = (groups, scores)
+        return m
+
+    # ---------------------------------------------------------------- the run
+    def run(self) -> dict[str, Any]:
+        cfg, t0 = self.cfg, time.perf_counter()
+        if self.workers is None:
+            self.setup()
+        before = self.evaluate() if cfg.trainer.eval_before_after and self.eval_records else None
+        self.monitor.start(cfg.trainer.steps)
+        metrics: dict[str, float] = {}
+        while self.step < cfg.trainer.steps:
+            metrics = self.train_step()
+            self.step += 1
+            if cfg.trainer.eval_every and self.step % cfg.trainer.eval_every == 0 and self.eval_records:
+                metrics.update(eval_metrics(self.evaluate()))
+            self.monitor.log(metrics, self.step)
+            every = cfg.logging.sample_table_every
+            if every and self.step % every == 0:
+                self.monitor.log_table("samples", SAMPLE_COLUMNS, sample_rows(*self._last_samples,
+                                       cfg.logging.sample_table_rows), self.step)
+            if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
+                checkpoint.save(cfg, self.workers, self.step, self.stream)
+        after = self.evaluate() if before is not None else None
+        checkpoint.save(cfg, self.workers, self.step, self.stream)
+        adapter_dir = self.out / "adapter"
+        self.workers.learner.get([self.workers.learner.actors[0].save_adapter.remote(str(adapter_dir))])
+        return self.finish(before, after, metrics, adapter_dir, time.perf_counter() - t0)
+
+    def evaluate(self) -> dict[str, Any]:
+        return evaluate(self.cfg, self.workers.rollout, self.workers.reward, self.eval_records)
+
+    def finish(self, before, after, metrics, adapter_dir, wall) -> dict[str, Any]:
+        summary: dict[str, Any] = {"steps": self.step, "wall_seconds": wall, "adapter_dir": str(adapter_dir),
+                                   "wandb_dir": getattr(self.monitor, "wandb_dir", None), "final_metrics": metrics}
+        for name, rep in (("before", before), ("after", after)):
+            if rep is not None:
+                summary[f"sampled_accuracy_{name}"] = rep["sampled_accuracy"]
+                if "greedy_accuracy" in rep:
+                    summary[f"greedy_accuracy_{name}"] = rep["greedy_accuracy"]
+                summary[f"eval_{name}"] = rep
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+        self.monitor.summary({k: v for k, v in summary.items() if not isinstance(v, dict)})
+        return summary
+
+    def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.close()
+        if self.workers is not None:
+            for g in (self.workers.rollout,):
+                try:
+                    g.get(g.call("close"), timeout=60)
+                except Exception:  # pragma: no cover - shutting down anyway
+                    pass
+            self.workers.kill()
+            self.workers = None
+
+
+def _merge_scores(parts):
+    from grpo_dist.types import RewardResult
+
+    total, per_fn = [], {}
+    for t, pf, _ in parts:
+        total.extend(t)
+        for k, v in pf.items():
+            per_fn.setdefault(k, []).extend(v)
+    errors: dict[str, int] = {}
+    for _, _, e in {id(p[2]): p for p in parts}.values():
+        for k, v in e.items():
+            errors[k] = errors.get(k, 0) + v
+    return RewardResult(total=total, per_function=per_fn, errors=errors)
+
+
+class _Timer:
+    def __init__(self):
+        self.t: dict[str, float] = {}
+        self.start = time.perf_counter()
+
+    def __call__(self, name: str):
+        timer = self
+
+        class _Ctx:
+            def __enter__(self):
+                self.t0 = time.perf_counter()
+
+            def __exit__(self, *exc):
+                timer.t[name] = timer.t.get(name, 0.0) + time.perf_counter() - self.t0
+
+        return _Ctx()
+
+    def metrics(self) -> dict[str, float]:
+        m = {f"timing/{k}": v for k, v in self.t.items()}
+        m["timing/step"] = time.perf_counter() - self.start
+        return m

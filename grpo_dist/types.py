@@ -1,0 +1,131 @@
+"""Dataclasses that cross process boundaries (Ray actors, object store, checkpoints).
+
+Every object sent between the driver, rollout workers, reward workers and learners is one of
+these; none is a loose dict. They hold plain Python lists / tensors so they pickle cheaply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Rollout:
+    """One sampled completion for one prompt.
+
+    ``logprobs[t]`` is the behaviour policy's log-prob of ``completion_ids[t]`` (the policy that
+    generated it, adapter ``adapter_version``), used for the importance ratio when rollouts are
+    stale and as ``old_logp`` when ``num_iterations == 1``.
+    """
+
+    prompt_id: int
+    prompt: str
+    prompt_ids: list[int]
+    completion: str
+    completion_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length"
+    adapter_version: int
+    columns: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+
+@dataclass
+class RolloutGroup:
+    """The G completions of one prompt, in sampling order (groups are contiguous downstream)."""
+
+    prompt_id: int
+    rollouts: list[Rollout]
+
+
+@dataclass
+class RewardResult:
+    """Scores of a flat list of completions.
+
+    ``total[i]`` is the (weighted) reward used for advantages; ``per_function[name][i]`` is each
+    reward function's own value (logged as ``reward/<name>``); ``errors[name]`` counts the
+    completions for which that function raised or timed out (they got ``failure_reward``).
+    """
+
+    total: list[float]
+    per_function: dict[str, list[float]]
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class ScoredGroup:
+    group: RolloutGroup
+    rewards: list[float]
+    per_function: dict[str, list[float]]
+
+
+@dataclass
+class TrainBatch:
+    """What the learner trains on: N = prompts * G sequences, groups contiguous.
+
+    Token lists are ragged; the learner pads. ``advantages`` (or ``weights`` for the softmax-
+    weighted loss) are per sequence.
+    """
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    behaviour_logprobs: list[list[float]]
+    advantages: list[float]
+    loss_mask: list[list[float]] | None = None  # per completion token; None = all ones
+    adapter_versions: list[int] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
+
+    def shard(self, index: int, count: int) -> "TrainBatch":
+        """Contiguous shard ``index`` of ``count`` (for several learner ranks)."""
+        n = len(self)
+        lo, hi = n * index // count, n * (index + 1) // count
+
+        def cut(xs):
+            return xs[lo:hi] if xs else xs
+
+        return TrainBatch(
+            prompt_ids=cut(self.prompt_ids),
+            completion_ids=cut(self.completion_ids),
+            behaviour_logprobs=cut(self.behaviour_logprobs),
+            advantages=cut(self.advantages),
+            loss_mask=cut(self.loss_mask) if self.loss_mask is not None else None,
+            adapter_versions=cut(self.adapter_versions),
+            rewards=cut(self.rewards),
+        )
+
+
+@dataclass
+class AdapterUpdate:
+    """Weights sent from the learner to every rollout worker, versioned.
+
+    For LoRA: ``tensors`` holds only the adapter (PEFT state-dict names), ``peft_config`` the
+    PEFT ``LoraConfig`` as a dict. For full fine-tuning (``lora.enabled: false``) ``tensors`` holds
+    every model parameter (HF names) and ``peft_config`` is None.
+    """
+
+    version: int
+    tensors: dict[str, Any]
+    peft_config: dict[str, Any] | None
+
+    @property
+    def is_lora(self) -> bool:
+        return self.peft_config is not None
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(t.numel() * t.element_size() for t in self.tensors.values()))
+
+
+@dataclass
+class StepStats:
+    """Metrics of one learner step (plain floats, namespaced keys like ``train/loss``)."""
+
+    metrics: dict[str, float]
+    tokens: int = 0
