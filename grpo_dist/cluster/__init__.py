@@ -1,0 +1,1 @@
+"""Ray glue only: actor wrappers, resource checks, sharded dispatch."""

@@ -1,0 +1,1 @@
+"""Generator backends (vLLM CPU/GPU, transformers) and the RolloutWorker."""
