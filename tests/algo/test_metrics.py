@@ -1,0 +1,49 @@
+import itertools
+import math
+
+import pytest
+import torch
+
+from grpo_dist.algo import masked_mean, masked_sum, pass_at_k
+
+
+@pytest.mark.parametrize(
+    "n, c, k, expected",
+    [(5, 2, 1, 0.4), (5, 2, 2, 0.7), (4, 0, 1, 0.0), (4, 0, 4, 0.0), (3, 3, 1, 1.0), (3, 3, 3, 1.0),
+     (10, 1, 1, 0.1), (5, 4, 2, 1.0), (10, 3, 4, 1 - 35 / 210)],
+)
+def test_pass_at_k_hand_values(n, c, k, expected):
+    assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+
+
+def test_pass_at_k_brute_force():
+    for n in range(1, 8):
+        for c in range(n + 1):
+            samples = [1] * c + [0] * (n - c)
+            for k in range(1, n + 1):
+                subsets = list(itertools.combinations(range(n), k))
+                brute = sum(any(samples[i] for i in s) for s in subsets) / len(subsets)
+                assert pass_at_k(n, c, k) == pytest.approx(brute, abs=1e-12), (n, c, k)
+                assert pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k), abs=1e-12)
+
+
+def test_pass_at_k_large_n_stable():
+    v = pass_at_k(1000, 3, 100)
+    assert 0 < v < 1 and v == pytest.approx(1 - math.comb(997, 100) / math.comb(1000, 100), rel=1e-9)
+
+
+@pytest.mark.parametrize("args", [(3, 4, 1), (3, 1, 4), (-1, 0, 1), (3, -1, 1), (3, 1, 0), (3, 1, -2), (3.5, 1, 1)])
+def test_pass_at_k_errors(args):
+    with pytest.raises(ValueError):
+        pass_at_k(*args)
+
+
+def test_masked_mean_and_sum():
+    x = torch.tensor([[1.0, 2.0, float("nan")], [4.0, float("inf"), 6.0]])
+    m = torch.tensor([[1, 1, 0], [1, 0, 1]])
+    assert masked_sum(x, m).item() == 13.0
+    assert masked_mean(x, m).item() == 13.0 / 4
+    assert masked_mean(x, m.bool(), dim=-1).tolist() == [1.5, 5.0]
+    assert masked_mean(x, m.float(), dim=-1).tolist() == [1.5, 5.0]
+    assert masked_mean(x, torch.zeros(2, 3)).item() == 0.0
+    assert masked_mean(x, torch.tensor([[0, 0, 0], [1, 0, 0]]), dim=-1).tolist() == [0.0, 4.0]
