@@ -1,0 +1,274 @@
+"""Reward-function lookup: builtin names, ``module.path:function`` and ``file.py:function``.
+
+Every reward function has TRL's signature ``fn(prompts, completions, **dataset_columns) ->
+list[float]``. A config entry (:class:`~grpo_dist.config.RewardFnConfig`) names one with ``fn``:
+
+* a registered name (``correctness``, ``format``, ``length``, ``pattern``, ``composite``, or
+  anything a plug-in registered with :func:`register_reward`);
+* ``package.module:function`` — imported with :mod:`importlib` (the module must be importable,
+  e.g. on ``PYTHONPATH``); ``function`` may be dotted (``module:Class.method``);
+* ``path/to/file.py:function`` — the file is loaded as a module (relative paths are relative to
+  the current directory); each file is loaded once per process.
+
+:func:`build_reward_fns` resolves the whole list eagerly and checks the options, so a bad
+plug-in or a misspelt option fails before training starts, with a ``ValueError`` naming the spec.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+__all__ = ["NamedReward", "build_reward_fns", "builtin_names", "call_reward", "get_reward_fn",
+           "register_reward"]
+
+RewardFn = Callable[..., list]
+
+_RESERVED = ("prompts", "completions")
+
+
+@dataclass(frozen=True)
+class _Entry:
+    fn: RewardFn
+    validate: Callable[..., None] | None
+    options: frozenset[str]  # named parameters that are options, not dataset columns
+
+
+_REGISTRY: dict[str, _Entry] = {}
+_FILE_MODULES: dict[Path, Any] = {}
+_LOCK = threading.Lock()
+
+
+def register_reward(name: str, *, validate: Callable[..., None] | None = None,
+                    columns: Iterable[str] = ()):
+    """Decorator registering ``fn`` under ``name`` (usable as ``fn: <name>`` in the config).
+
+    ``validate(**options)``, if given, is called by :func:`build_reward_fns` with the config's
+    ``kwargs`` and should raise ``ValueError`` for bad option values. Options of a registered
+    function must be named parameters of it (``**kwargs`` is reserved for dataset columns), so a
+    misspelt option is an error rather than silently ignored. Named parameters not listed in
+    ``columns`` are options: a dataset column of the same name is not passed to ``fn`` (a column
+    called ``mode`` must not switch a builtin's mode). Re-registering the same function (e.g. a
+    module imported twice) is allowed; another function under a taken name is not.
+    """
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"reward name must be a non-empty string without ':', got {name!r}")
+
+    def deco(fn: RewardFn) -> RewardFn:
+        if not callable(fn):
+            raise ValueError(f"register_reward({name!r}): {fn!r} is not callable")
+        options = frozenset(_named_params(fn) or ()) - set(columns)
+        with _LOCK:
+            old = _REGISTRY.get(name)
+            if old is not None and _qualified(old.fn) != _qualified(fn):
+                raise ValueError(f"reward name {name!r} is already registered to {_qualified(old.fn)}")
+            _REGISTRY[name] = _Entry(fn, validate, options)
+        return fn
+
+    return deco
+
+
+def _named_params(fn: Any) -> set[str] | None:
+    """Keyword-passable parameter names except prompts/completions; None without a signature."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # some builtins/extension callables have no signature
+        return None
+    return {n for n, p in params.items()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in _RESERVED}
+
+
+def _accepts_var_kwargs(fn: Any) -> bool:
+    try:
+        return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True
+
+
+def call_reward(fn: RewardFn, prompts: Any, completions: Any, options: dict[str, Any],
+                columns: dict[str, Any]) -> Any:
+    """``fn(prompts, completions, **columns, **options)`` where configured options win: columns
+    named like an option (or like a registered function's option parameter) are dropped."""
+    blocked = set(options) | set(_RESERVED)
+    for entry in list(_REGISTRY.values()):
+        if entry.fn is fn:
+            blocked |= entry.options
+            break
+    return fn(prompts, completions, **{k: v for k, v in columns.items() if k not in blocked}, **options)
+
+
+def _qualified(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _ensure_builtins() -> None:
+    import grpo_dist.reward.builtin  # noqa: F401  (registers the builtin families)
+
+
+def builtin_names() -> list[str]:
+    """Sorted names currently registered (the builtins plus registered plug-ins)."""
+    _ensure_builtins()
+    return sorted(_REGISTRY)
+
+
+def get_reward_fn(spec: str) -> RewardFn:
+    """Resolve ``spec`` to a callable; ``ValueError`` naming ``spec`` if that is impossible."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"reward function spec must be a non-empty string, got {spec!r}")
+    spec = spec.strip()
+    _ensure_builtins()
+    if ":" not in spec:
+        entry = _REGISTRY.get(spec)
+        if entry is None:
+            raise ValueError(
+                f"unknown reward function {spec!r}: not a registered name (known: "
+                f"{', '.join(sorted(_REGISTRY))}); a plug-in is given as 'module.path:function' "
+                f"or 'path/to/file.py:function'")
+        return entry.fn
+    target, _, attr = spec.rpartition(":")
+    if not target or not attr:
+        raise ValueError(f"bad reward function spec {spec!r}: expected 'module.path:function' "
+                         f"or 'path/to/file.py:function'")
+    if target.endswith(".py") or "/" in target or "\\" in target:
+        path = Path(target).expanduser().resolve()
+        module = _load_file(spec, path)
+        where = f"file {str(path)!r}"
+    else:
+        module = _import_module(spec, target)
+        where = f"module {target!r}"
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+            raise ValueError(f"reward function {spec!r}: {where} has no attribute {attr!r} "
+                             f"(callables there: {', '.join(public[:20]) or 'none'})") from None
+    if not callable(obj):
+        raise ValueError(f"reward function {spec!r}: {attr!r} in {where} is not callable "
+                         f"(it is a {type(obj).__name__})")
+    return obj
+
+
+def _import_module(spec: str, name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        missing = e.name or ""
+        if missing and (name == missing or name.startswith(missing + ".")):
+            raise ValueError(f"reward function {spec!r}: module {name!r} not found "
+                             f"(is it installed or on PYTHONPATH?)") from e
+        raise ValueError(f"reward function {spec!r}: importing module {name!r} failed: {e}") from e
+    except Exception as e:  # the plug-in itself is broken (syntax error, raising import, ...)
+        raise ValueError(f"reward function {spec!r}: importing module {name!r} failed: "
+                         f"{type(e).__name__}: {e}") from e
+
+
+def _load_file(spec: str, path: Path) -> Any:
+    if not path.is_file():
+        raise ValueError(f"reward function {spec!r}: file {str(path)!r} not found")
+    with _LOCK:
+        module = _FILE_MODULES.get(path)
+        if module is not None:
+            return module
+        digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
+        mod_name = f"grpo_dist_reward_plugin_{_identifier(path.stem)}_{digest}"
+        try:
+            mspec = importlib.util.spec_from_file_location(mod_name, path)
+            if mspec is None or mspec.loader is None:
+                raise ImportError("not a loadable Python file")
+            module = importlib.util.module_from_spec(mspec)
+            sys.modules[mod_name] = module  # before exec: dataclasses/pickle look modules up here
+            mspec.loader.exec_module(module)
+        except Exception as e:
+            sys.modules.pop(mod_name, None)
+            raise ValueError(f"reward function {spec!r}: loading file {str(path)!r} failed: "
+                             f"{type(e).__name__}: {e}") from e
+        _FILE_MODULES[path] = module
+        return module
+
+
+def _identifier(s: str) -> str:
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in s)
+
+
+def default_name(spec: str) -> str:
+    """The name used when a config entry has none: the spec's last component."""
+    return spec.strip().rpartition(":")[2].rpartition(".")[2]
+
+
+@dataclass(frozen=True)
+class NamedReward:
+    """A resolved reward function: ``fn`` has the config ``kwargs`` bound (a ``functools.partial``)."""
+
+    name: str
+    fn: Callable[..., Any]
+    weight: float = 1.0
+
+    def __call__(self, prompts: list, completions: list, **columns: Any) -> Any:
+        """Call ``fn``; dataset columns never override the configured options (:func:`call_reward`)."""
+        fn = self.fn
+        if isinstance(fn, functools.partial) and not fn.args:
+            return call_reward(fn.func, prompts, completions, dict(fn.keywords), columns)
+        return call_reward(fn, prompts, completions, {}, columns)
+
+
+def check_options(spec: str, fn: RewardFn, options: dict[str, Any]) -> None:
+    """Raise ``ValueError`` if ``options`` cannot be bound to ``fn`` (see :func:`register_reward`)."""
+    if not isinstance(options, dict):
+        raise ValueError(f"reward function {spec!r}: kwargs must be a mapping, got {type(options).__name__}")
+    for key in options:
+        if key in _RESERVED:
+            raise ValueError(f"reward function {spec!r}: {key!r} cannot be set in kwargs")
+    entry = _REGISTRY.get(spec.strip()) if ":" not in spec else None
+    named = _named_params(fn)
+    if named is not None:
+        if entry is not None or not _accepts_var_kwargs(fn):
+            unknown = sorted(set(options) - named)
+            if unknown:
+                raise ValueError(f"reward function {spec!r}: unknown option(s) {', '.join(unknown)} "
+                                 f"(accepted: {', '.join(sorted(named)) or 'none'})")
+    if entry is not None and entry.validate is not None:
+        try:
+            entry.validate(**options)
+        except ValueError as e:
+            raise ValueError(f"reward function {spec!r}: {e}") from e
+
+
+def build_reward_fns(functions: Iterable[Any]) -> list[NamedReward]:
+    """Resolve ``RewardFnConfig`` entries (or dicts with the same keys) into :class:`NamedReward`.
+
+    Names (``name`` or the spec's last component) must be unique; options are checked here.
+    """
+    out: list[NamedReward] = []
+    seen: dict[str, str] = {}
+    for item in functions:
+        cfg = _as_mapping(item)
+        spec = cfg["fn"]
+        fn = get_reward_fn(spec)
+        options = dict(cfg.get("kwargs") or {})
+        check_options(spec, fn, options)
+        name = cfg.get("name") or default_name(spec)
+        if name in seen:
+            raise ValueError(f"duplicate reward name {name!r} (from {seen[name]!r} and {spec!r}); "
+                             f"give one of them a distinct 'name'")
+        seen[name] = spec
+        out.append(NamedReward(name=name, fn=functools.partial(fn, **options),
+                               weight=float(cfg.get("weight", 1.0))))
+    return out
+
+
+def _as_mapping(item: Any) -> dict[str, Any]:
+    if isinstance(item, dict):
+        if "fn" not in item:
+            raise ValueError(f"reward function entry {item!r} has no 'fn'")
+        return item
+    return {"fn": item.fn, "name": item.name, "weight": item.weight, "kwargs": item.kwargs}

@@ -1,0 +1,55 @@
+"""The CLI: --help explains, a bad config exits 2 with one line before anything heavy starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "grpo_dist.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_help_lists_commands_and_overrides():
+    r = cli("--help")
+    assert r.returncode == 0
+    for word in ("train", "eval", "make-tiny-model", "doctor"):
+        assert word in r.stdout
+    r = cli("train", "--help")
+    assert r.returncode == 0 and "--section.key VALUE" in r.stdout and "summary.json" in r.stdout
+
+
+def test_bad_config_exits_2_fast_with_one_line():
+    t0 = time.perf_counter()
+    r = cli("train", "--config", "configs/tiny_cpu.yaml", "--rollout.group_size", "1")
+    elapsed = time.perf_counter() - t0
+    assert r.returncode == 2
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert lines == ["config error: rollout.group_size: must be >= 2: group-relative advantages need at least "
+                     "two completions (got 1)"]
+    assert elapsed < 20  # no Ray, vLLM or DeepSpeed was started (they take far longer)
+
+
+def test_heavy_modules_not_imported_by_config_validation():
+    code = ("import sys; from grpo_dist.config import load_config; load_config('configs/tiny_cpu.yaml'); "
+            "print(sorted(m for m in ('torch','ray','vllm','deepspeed') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "[]", r.stderr
+
+
+def test_print_config_shows_resolved_preset():
+    r = cli("train", "--config", "configs/tiny_cpu.yaml", "--print-config", "--algo.preset", "dr_grpo")
+    assert r.returncode == 0
+    assert "agg: seq-mean-token-sum-norm" in r.stdout and "adv_scale: none" in r.stdout
+
+
+def test_missing_model_without_make_if_missing_is_a_config_error(tmp_path):
+    r = cli("train", "--config", "configs/tiny_cpu.yaml", "--model.path", str(tmp_path / "nope"),
+            "--model.make_if_missing", "null", "--output_dir", str(tmp_path / "out"))
+    assert r.returncode == 2
+    assert "config error: model.path: no model at" in r.stderr

@@ -1,0 +1,114 @@
+"""The config tree: defaults, YAML + dotted overrides, validation with one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pydantic import BaseModel
+
+from grpo_dist.config import Config, ConfigError, dump_config, load_config, parse_overrides
+from grpo_dist.presets import PRESETS
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
+
+
+def test_there_are_configs():
+    assert any(p.name == "tiny_cpu.yaml" for p in CONFIGS)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_yaml_under_configs_loads(path):
+    cfg = load_config(path)
+    assert isinstance(cfg, Config)
+    assert load_config(None, yaml_roundtrip(cfg)) == cfg  # dump -> load is lossless
+
+
+def yaml_roundtrip(cfg):
+    import yaml
+
+    return yaml.safe_load(dump_config(cfg))
+
+
+def test_documented_key_names_exist():
+    cfg = Config()
+    for dotted in ["model.path", "data.path", "rollout.group_size", "rollout.prompts_per_step", "algo.beta",
+                   "algo.clip_low", "algo.clip_high", "algo.preset", "trainer.steps", "trainer.seed",
+                   "logging.wandb_mode", "checkpoint.dir", "output_dir"]:
+        node = cfg
+        for part in dotted.split("."):
+            node = getattr(node, part)
+
+
+def test_every_field_has_a_description():
+    def walk(model, prefix=""):
+        for name, field in type(model).model_fields.items():
+            value = getattr(model, name)
+            if isinstance(value, BaseModel):
+                yield from walk(value, f"{prefix}{name}.")
+            elif name != "output_dir" or prefix == "":
+                yield f"{prefix}{name}", field.description
+
+    undocumented = [k for k, d in walk(Config()) if not d and k != "output_dir"]
+    assert not undocumented
+
+
+def test_overrides_parse_yaml_values():
+    o = parse_overrides(["--algo.beta", "0.0", "--rollout.stop=[\"\\n\", \"x\"]", "--trainer.steps", "7",
+                         "--logging.wandb_mode", "disabled"])
+    assert o == {"algo": {"beta": 0.0}, "rollout": {"stop": ["\n", "x"]}, "trainer": {"steps": 7},
+                 "logging": {"wandb_mode": "disabled"}}
+    cfg = load_config(ROOT / "configs/tiny_cpu.yaml", ["--algo.beta", "0", "--trainer.steps", "7"])
+    assert cfg.algo.beta == 0.0 and cfg.trainer.steps == 7 and cfg.rollout.group_size == 8
+
+
+@pytest.mark.parametrize("overrides, key, words", [
+    (["--rollout.group_size", "1"], "rollout.group_size", ">= 2"),
+    (["--algo.bogus", "1"], "algo.bogus", "unknown key"),
+    (["--nosuchsection.x", "1"], "nosuchsection", "unknown key"),
+    (["--algo.beta", "-0.1"], "algo.beta", "greater than or equal to 0"),
+    (["--algo.clip_low", "0"], "algo.clip_low", "greater than 0"),
+    (["--algo.clip_low", "1.5"], "algo.clip_low", "less than 1"),
+    (["--rollout.temperature", "abc"], "rollout.temperature", "number"),
+    (["--learner.micro_batch_size", "5"], "learner.micro_batch_size", "divisible"),
+    (["--learner.num_learners", "3"], "learner.num_learners", "divisible"),
+    (["--algo.preset", "ppo9000"], "algo.preset", "unknown preset"),
+    (["--logging.wandb_mode", "loud"], "logging.wandb_mode", "online"),
+    (["--cluster.num_cpus", "1"], "cluster.num_cpus", "CPUs"),
+    (["--rollout.max_tokens", "4096"], "rollout.max_tokens", "max_model_len"),
+    (["--reward.functions", "[]"], "reward.functions", "at least one"),
+    (["--eval.pass_k", "[1, 64]"], "eval.pass_k", "samples_per_prompt"),
+    (["--algo.kl_kind", "k9"], "algo.kl_kind", "k3"),
+])
+def test_bad_config_is_one_line_naming_the_key(overrides, key, words):
+    with pytest.raises(ConfigError) as e:
+        load_config(ROOT / "configs/tiny_cpu.yaml", overrides)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"{key}:"), msg
+    assert words in msg, msg
+
+
+def test_bad_yaml_file(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError, match="--config: invalid YAML"):
+        load_config(p)
+    with pytest.raises(ConfigError, match="file not found"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_presets_fill_only_unset_fields():
+    cfg = load_config(None, ["--algo.preset", "dapo"])
+    assert (cfg.algo.clip_high, cfg.algo.beta, cfg.algo.agg, cfg.algo.dynamic_sampling) == (0.28, 0.0, "token-mean", True)
+    cfg = load_config(None, ["--algo.preset", "dapo", "--algo.clip_high", "0.3", "--algo.beta", "0.01"])
+    assert (cfg.algo.clip_high, cfg.algo.beta, cfg.algo.agg) == (0.3, 0.01, "token-mean")
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_validates(name):
+    cfg = load_config(None, ["--algo.preset", name])
+    for k, v in PRESETS[name].items():
+        assert getattr(cfg.algo, k) == v
