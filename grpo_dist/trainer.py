@@ -37,6 +37,7 @@ class Trainer:
         self.monitor = monitor
         self.workers: Workers | None = None
         self.step = 0
+        self.history: list[dict[str, float]] = []  # per-step metrics of this process's steps
 
     # ---------------------------------------------------------------- set-up
     def setup(self) -> dict[str, Any]:
@@ -129,6 +130,7 @@ class Trainer:
             if cfg.trainer.eval_every and self.step % cfg.trainer.eval_every == 0 and self.eval_records:
                 metrics.update(eval_metrics(self.evaluate()))
             self.monitor.log(metrics, self.step)
+            self.history.append(dict(metrics, step=float(self.step)))
             every = cfg.logging.sample_table_every
             if every and self.step % every == 0:
                 self.monitor.log_table("samples", SAMPLE_COLUMNS, sample_rows(*self._last_samples,
@@ -146,7 +148,8 @@ class Trainer:
 
     def finish(self, before, after, metrics, adapter_dir, wall) -> dict[str, Any]:
         summary: dict[str, Any] = {"steps": self.step, "wall_seconds": wall, "adapter_dir": str(adapter_dir),
-                                   "wandb_dir": getattr(self.monitor, "wandb_dir", None), "final_metrics": metrics}
+                                   "wandb_dir": getattr(self.monitor, "wandb_dir", None), "final_metrics": metrics,
+                                   "reward_curve": [h.get("rollout/reward_mean") for h in self.history]}
         for name, rep in (("before", before), ("after", after)):
             if rep is not None:
                 summary[f"sampled_accuracy_{name}"] = rep["sampled_accuracy"]

@@ -103,5 +103,12 @@ class RolloutWorker:
         self.version = update.version
         return {"version": update.version, "bytes": update.nbytes, "seconds": time.perf_counter() - t0}
 
+    def load_adapter_dir(self, path: str | None, version: int) -> dict[str, Any]:
+        """Serve a PEFT adapter directory from disk as ``version`` (None: the base model)."""
+        assert self.engine is not None
+        self.engine.set_adapter(version, path)
+        self.version = version
+        return {"version": version}
+
     def health(self) -> dict[str, Any]:
         return {"rank": self.rank, "version": self.version, "ready": self.ready()}

@@ -1,0 +1,68 @@
+"""``grpo-dist eval``: the base model and (optionally) an adapter on held-out prompts, through the
+same vLLM rollout workers and reward workers training uses. Writes a JSON report and a W&B table.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from grpo_dist.config import Config, ConfigError
+
+
+def run_eval(cfg: Config, adapter: str | None, out: str | None = None) -> dict[str, Any]:
+    from grpo_dist.cluster.actors import RewardActor, RolloutActor
+    from grpo_dist.cluster.ray_utils import ActorGroup, init_ray, shutdown_ray
+    from grpo_dist.evaluation import eval_metrics, evaluate
+    from grpo_dist.setup_run import load_data, prepare_model
+
+    prepare_model(cfg)
+    _, records = load_data(cfg)
+    if not records:
+        raise ConfigError("data.eval_path: evaluation needs held-out prompts")
+    init_ray(cfg)
+    c = cfg.cluster
+    rollout = ActorGroup.create("rollout", RolloutActor, [(cfg, i) for i in range(cfg.rollout.num_workers)],
+                                num_cpus=c.rollout_cpus, num_gpus=c.rollout_gpus)
+    reward = ActorGroup.create("reward", RewardActor, [(cfg.reward,)] * cfg.reward.num_workers, num_cpus=c.reward_cpus)
+    try:
+        rollout.get(rollout.call("setup"), timeout=c.actor_start_timeout_s)
+        reward.get(reward.call("names"), timeout=c.actor_start_timeout_s)
+        report: dict[str, Any] = {"model": cfg.model.path, "adapter": adapter, "eval_path": cfg.data.eval_path,
+                                  "base": evaluate(cfg, rollout, reward, records, with_samples=8)}
+        if adapter:
+            rollout.get(rollout.call("load_adapter_dir", str(Path(adapter).resolve()), 1))
+            report["adapter_eval"] = evaluate(cfg, rollout, reward, records, with_samples=8)
+            report["delta"] = {k: report["adapter_eval"][k] - report["base"][k]
+                               for k in report["base"] if isinstance(report["base"][k], float)
+                               and k in report["adapter_eval"] and k != "seconds"}
+        rollout.get(rollout.call("close"))
+    finally:
+        rollout.kill()
+        reward.kill()
+        shutdown_ray()
+    path = Path(out) if out else Path(cfg.output_dir) / "eval_report.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, default=float))
+    report["report_path"] = str(path)
+    _log_wandb(cfg, report, eval_metrics)
+    return report
+
+
+def _log_wandb(cfg: Config, report: dict[str, Any], eval_metrics) -> None:
+    if cfg.logging.wandb_mode == "disabled":
+        return
+    from grpo_dist.monitor import WandbMonitor
+
+    wb = WandbMonitor(mode=cfg.logging.wandb_mode, project=cfg.logging.project, entity=cfg.logging.entity,
+                      name=(cfg.logging.run_name or "eval"), directory=cfg.output_dir, config={"eval": report["adapter"]})
+    rows = []
+    for which in ("base", "adapter_eval"):
+        if which in report:
+            wb.log({f"{which}/{k}": v for k, v in eval_metrics(report[which]).items()}, step=0)
+            for s in report[which].get("samples", []):
+                rows.append([which, s["prompt"], s["answer"], " | ".join(s["completions"]), sum(s["correct"])])
+    wb.log_table("eval_samples", ["policy", "prompt", "answer", "completions", "n_correct"], rows, step=0)
+    report["wandb_dir"] = wb.run_dir
+    wb.close()
