@@ -6,6 +6,7 @@ path should cross the object store. ``sync.tmp_dir`` must be visible from every 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -26,7 +27,9 @@ class FilesystemTransport(WeightTransport):
     def publish(self, update: AdapterUpdate) -> str:
         path = self.dir / f"v{update.version}.pt"
         tmp = path.with_suffix(".partial")
-        torch.save({"version": update.version, "tensors": update.tensors, "peft_config": update.peft_config}, tmp)
+        # the config travels as JSON so the file loads with torch.load(weights_only=True)
+        torch.save({"version": update.version, "tensors": update.tensors,
+                    "peft_config": json.dumps(update.peft_config)}, tmp)
         os.replace(tmp, path)
         for old in sorted(self.dir.glob("v*.pt"), key=lambda p: int(p.stem[1:]))[: -self.keep]:
             old.unlink(missing_ok=True)
@@ -34,4 +37,4 @@ class FilesystemTransport(WeightTransport):
 
     def receive(self, payload: object) -> AdapterUpdate:
         blob = torch.load(str(payload), map_location="cpu", weights_only=True)
-        return AdapterUpdate(version=blob["version"], tensors=blob["tensors"], peft_config=blob["peft_config"])
+        return AdapterUpdate(version=blob["version"], tensors=blob["tensors"], peft_config=json.loads(blob["peft_config"]))

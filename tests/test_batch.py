@@ -1,0 +1,70 @@
+"""From scored groups to TrainBatch: advantages dispatch, reward shaping, rollout metrics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from grpo_dist.batch import build_batch, compute_advantages, overlong_penalty, zero_spread
+from grpo_dist.config import load_config
+from grpo_dist.types import RewardResult, Rollout, RolloutGroup
+
+
+def groups(rewards_per_group, lengths=None, finish=None):
+    out, k = [], 0
+    for gi, rs in enumerate(rewards_per_group):
+        rolls = []
+        for j, _ in enumerate(rs):
+            n = lengths[k] if lengths else 3
+            rolls.append(Rollout(prompt_id=gi, prompt="p", prompt_ids=[1, 2], completion="c",
+                                 completion_ids=list(range(n)), logprobs=[-1.0] * n,
+                                 finish_reason=(finish[k] if finish else "stop"), adapter_version=3,
+                                 columns={"answer": "4"}))
+            k += 1
+        out.append(RolloutGroup(prompt_id=gi, rollouts=rolls))
+    return out
+
+
+def scores(flat):
+    return RewardResult(total=list(flat), per_function={"correctness": list(flat)}, errors={"correctness": 1})
+
+
+def test_seed003_advantages_through_the_config():
+    r = [1, 1, 1, 1, 0, 0, 0, 0]
+    grpo = load_config(None, ["--algo.preset", "grpo"]).algo
+    nb = load_config(None, ["--algo.preset", "seed_notebook"]).algo
+    assert compute_advantages(r, 8, grpo)[0] == pytest.approx(0.9354, abs=1e-3)
+    assert compute_advantages(r, 8, nb)[0] == pytest.approx(1.0, abs=1e-6)
+    rloo = load_config(None, ["--algo.preset", "rloo"]).algo
+    assert compute_advantages(r, 8, rloo)[0] == pytest.approx(1 - 3 / 7)
+    sw = load_config(None, ["--algo.preset", "softmax_weighted"]).algo
+    w = compute_advantages(r, 8, sw)
+    assert sum(w) == pytest.approx(1.0) and w[0] > w[-1]
+
+
+def test_build_batch_contiguous_groups_and_metrics():
+    algo = load_config(None, []).algo
+    g = groups([[1, 0], [1, 1]], lengths=[2, 4, 3, 3], finish=["stop", "length", "stop", "stop"])
+    batch, m = build_batch(g, scores([1, 0, 1, 1]), 2, algo, max_tokens=4)
+    assert len(batch) == 4 and batch.adapter_versions == [3] * 4
+    assert batch.advantages[0] > 0 > batch.advantages[1] and batch.advantages[2:] == [0.0, 0.0]
+    assert m["rollout/reward_mean"] == 0.75 and m["rollout/frac_reward_zero_std"] == 0.5
+    assert m["rollout/truncated_frac"] == 0.25 and m["rollout/completion_length_max"] == 4
+    assert m["reward/correctness"] == 0.75 and m["reward/errors/correctness"] == 1.0
+    assert all(math.isfinite(v) for v in m.values())
+    with pytest.raises(ValueError, match="group_size"):
+        build_batch(g, scores([1, 0, 1, 1]), 4, algo, max_tokens=4)
+
+
+def test_mask_truncated_and_overlong_shaping():
+    algo = load_config(None, ["--algo.mask_truncated", "true", "--algo.overlong_buffer", "0.5"]).algo
+    g = groups([[1, 1]], lengths=[2, 4], finish=["stop", "length"])
+    batch, m = build_batch(g, scores([1, 1]), 2, algo, max_tokens=4)
+    assert batch.loss_mask == [[1.0, 1.0], [0.0] * 4]
+    assert batch.rewards == [1.0, 0.0]  # the overlong one loses the full penalty
+    assert batch.advantages[0] > batch.advantages[1]
+    assert overlong_penalty(2, 8, 0.25, 1.0) == 0.0
+    assert overlong_penalty(7, 8, 0.25, 1.0) == pytest.approx(-0.5)
+    assert overlong_penalty(8, 8, 0.25, 1.0) == -1.0
+    assert zero_spread([0.5, 0.5]) and not zero_spread([0.5, 0.6])
