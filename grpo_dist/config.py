@@ -163,7 +163,7 @@ class LearnerConfig(Section):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.99), description="Adam betas.")
     grad_clip: float = Field(1.0, ge=0, description="Max grad norm (0 = off).")
-    micro_batch_size: int = Field(16, gt=0, description="Sequences per forward/backward (gradient accumulation above it).")
+    micro_batch_size: int = Field(16, gt=0, description="Sequences per forward/backward per rank (gradient accumulation above it; capped at the per-rank batch).")
     torch_adam: bool = Field(True, description="Use torch Adam in DeepSpeed (no fused-op compile; needed on CPU).")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward.")
     comm_backend: Optional[str] = Field(None, description="torch.distributed backend (default gloo on CPU, nccl on GPU).")
@@ -242,7 +242,8 @@ class Config(Section):
         if n % self.learner.num_learners:
             raise _key_error("learner.num_learners",
                              f"batch {n} (prompts_per_step * group_size) is not divisible by {self.learner.num_learners} ranks")
-        if (n // self.learner.num_learners) % self.learner.micro_batch_size:
+        per_rank_n = n // self.learner.num_learners
+        if per_rank_n > self.learner.micro_batch_size and per_rank_n % self.learner.micro_batch_size:
             raise _key_error("learner.micro_batch_size",
                              f"per-rank batch {n // self.learner.num_learners} is not divisible by micro_batch_size "
                              f"{self.learner.micro_batch_size} (need prompts_per_step*group_size % {per_rank} == 0)")

@@ -30,7 +30,12 @@ class RewardActor(_Placed, RewardWorker):
 
 
 class LearnerActor(_Placed, Learner):
-    pass
+    def setup(self) -> dict:
+        import torch
+
+        # the Learner leaves process-wide thread settings alone; inside an actor we own the process
+        torch.set_num_threads(self.cfg.cluster.torch_threads)
+        return super().setup()
 
 
 @dataclass

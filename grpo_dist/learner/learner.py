@@ -1,0 +1,394 @@
+"""The learner: a DeepSpeed engine over the base model + a PEFT LoRA adapter (or all weights).
+
+A plain class (``cluster/`` wraps it as a Ray actor); everything it returns pickles: dataclasses
+from ``types.py`` and dicts of floats. One instance per data-parallel rank; each gets its
+contiguous shard of the batch (``TrainBatch.shard(rank, world)``).
+
+Loss normalisation: every micro-batch's loss is aggregated with the *global* counts (completion
+tokens / sequences summed over all micro-batches and ranks), so the sum over micro-batches and
+ranks is exactly the single-process whole-batch loss. DeepSpeed averages gradients over ranks,
+so ``engine.backward(loss * world_size, scale_wrt_gas=False)`` makes the final gradient the
+gradient of that whole-batch loss (no division by the accumulation steps either).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from grpo_dist.algo import entropy_from_logits, masked_mean, selective_log_softmax
+from grpo_dist.config import Config
+from grpo_dist.types import AdapterUpdate, TrainBatch
+
+from .batching import Collated, collate, gather_completion, micro_batch_rows
+from .loss import compute_loss
+from .optim import deepspeed_config, gradient_accumulation_steps, make_scheduler_factory
+from .state import MetricAccumulator, cpu_copies, global_norm, json_safe, strip_prefixes
+
+_STATE_KEY = "grpo_dist_learner"
+
+
+class Learner:
+    """DeepSpeed + PEFT GRPO learner (one data-parallel rank)."""
+
+    def __init__(self, cfg: Config, rank: int = 0, world_size: int = 1, master_addr: str = "127.0.0.1",
+                 master_port: int = 29500, local_rank: Optional[int] = None):
+        self.cfg = cfg
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.master_addr, self.master_port = master_addr, int(master_port)
+        self.local_rank = local_rank
+        self.engine = None
+        self.device = torch.device("cpu")
+        self._ref_model = None  # full fine-tuning with a KL to the reference only
+        self._version = 0
+        self._pad_id = 0
+        self._gas = 1
+        self._capture: Optional[dict[str, torch.Tensor]] = None
+        # Source of old_logp, the ratio's denominator. "policy": logp.detach() when
+        # num_iterations == 1 (ratio 1, strictly on-policy), else recomputed once before the first
+        # update. "behaviour": the rollout engine's log-probs (batch.behaviour_logprobs), for the
+        # importance-sampling correction of stale (async) rollouts.
+        self.old_logp_source = "policy"
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> dict[str, Any]:
+        import deepspeed
+        from transformers import AutoModelForCausalLM
+
+        cfg = self.cfg
+        cuda = torch.cuda.is_available()
+        local = self.local_rank if self.local_rank is not None else (
+            self.rank % max(1, torch.cuda.device_count()) if cuda else self.rank)
+        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(local),
+                          MASTER_ADDR=self.master_addr, MASTER_PORT=str(self.master_port))
+        if cuda:
+            torch.cuda.set_device(local)
+            self.device = torch.device("cuda", local)
+        torch.manual_seed(cfg.trainer.seed)
+        backend = cfg.learner.comm_backend or ("nccl" if cuda else "gloo")
+        t0 = time.perf_counter()
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+        t_dist = time.perf_counter() - t0
+
+        model = AutoModelForCausalLM.from_pretrained(
+            cfg.model.path, dtype=getattr(torch, cfg.model.dtype), trust_remote_code=cfg.model.trust_remote_code)
+        model.config.use_cache = False
+        pad = model.config.pad_token_id
+        if pad is None:
+            eos = model.config.eos_token_id
+            pad = (eos[0] if isinstance(eos, list) else eos) or 0
+        self._pad_id = int(pad)  # any id works: padded positions are masked out
+        if cfg.learner.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if cfg.lora.enabled:
+            from peft import LoraConfig, get_peft_model
+
+            lcfg = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                              target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM")
+            model = get_peft_model(model, lcfg)
+        elif self._needs_ref():
+            self._ref_model = copy.deepcopy(model).to(self.device).eval().requires_grad_(False)
+        params = [p for p in model.parameters() if p.requires_grad]
+        self._gas = gradient_accumulation_steps(cfg, self.world_size)
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model, model_parameters=params, config=deepspeed_config(cfg, self.world_size),
+            lr_scheduler=make_scheduler_factory(cfg))
+        self.engine.train()
+        self.device = self.engine.device if cuda else self.device
+        total = sum(self._numel(p) for p in self.engine.module.parameters())
+        trainable = sum(self._numel(p) for p in self.engine.module.parameters() if p.requires_grad)
+        return {"trainable_params": int(trainable), "total_params": int(total),
+                "adapter_bytes": int(sum(self._numel(p) * p.element_size() for p in self._trainable())),
+                "gradient_accumulation_steps": self._gas, "world_size": self.world_size,
+                "timing/init_distributed": t_dist, "timing/setup": time.perf_counter() - t0}
+
+    @staticmethod
+    def _numel(p: torch.Tensor) -> int:
+        return int(getattr(p, "ds_numel", p.numel()))  # ZeRO-3 partitions keep the full size here
+
+    def _trainable(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.engine.module.parameters() if p.requires_grad]
+
+    def _needs_ref(self) -> bool:
+        return self.cfg.algo.beta > 0 and self.cfg.algo.kl_reference == "ref"
+
+    def _require_setup(self) -> None:
+        if self.engine is None:
+            raise RuntimeError("Learner.setup() must be called first")
+
+    @property
+    def version(self) -> int:
+        """Optimizer steps applied so far (0 = the initial adapter)."""
+        return self._version
+
+    # ------------------------------------------------------------------ forward passes
+    def _forward(self, mb: Collated, module=None, entropy: bool = False):
+        """Log-probs ``[B, C]`` (temperature-scaled, fp32) of the completion tokens; optional entropy."""
+        module = module if module is not None else self.engine
+        out = module(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                     logits_to_keep=mb.logits_to_keep, use_cache=False)
+        logits = out.logits[:, :-1]
+        temperature = self.cfg.rollout.temperature
+        if temperature != 1.0:
+            logits = logits / temperature
+        logp = gather_completion(selective_log_softmax(logits, mb.targets()), mb.index, mb.valid)
+        ent = None
+        if entropy:
+            with torch.no_grad():
+                ent = gather_completion(entropy_from_logits(logits.detach()), mb.index, mb.valid)
+        return logp, ent
+
+    @contextlib.contextmanager
+    def _eval_mode(self):
+        module = self.engine.module
+        was = module.training
+        module.eval()
+        try:
+            yield
+        finally:
+            module.train(was)
+
+    @torch.no_grad()
+    def _logprobs_nograd(self, mb: Collated, reference: bool = False) -> torch.Tensor:
+        with self._eval_mode():
+            if not reference:
+                return self._forward(mb, self.engine.module)[0]
+            if self._ref_model is not None:
+                return self._forward(mb, self._ref_model)[0]
+            with self.engine.module.disable_adapter():
+                return self._forward(mb, self.engine.module)[0]
+
+    def _collate(self, batch: TrainBatch, rows: Optional[range] = None) -> Collated:
+        return collate(batch, rows, self._pad_id).to(self.device)
+
+    def compute_logprobs(self, batch: TrainBatch) -> list[list[float]]:
+        """Per-completion-token log-probs under the current adapter (temperature-scaled), no grad."""
+        self._require_setup()
+        out: list[list[float]] = []
+        mbs = self.cfg.learner.micro_batch_size
+        for lo in range(0, len(batch), mbs):
+            mb = self._collate(batch, range(lo, min(len(batch), lo + mbs)))
+            logp = self._logprobs_nograd(mb).cpu()
+            out += [logp[r, :n].tolist() for r, n in enumerate(mb.lengths)]
+        return out
+
+    def reference_logprobs(self, batch: TrainBatch) -> list[list[float]]:
+        """Per-completion-token log-probs of the reference (adapter disabled / frozen copy)."""
+        self._require_setup()
+        if not self.cfg.lora.enabled and self._ref_model is None:
+            raise RuntimeError("full fine-tuning keeps a reference copy only when algo.beta > 0")
+        mb = self._collate(batch)
+        logp = self._logprobs_nograd(mb, reference=True).cpu()
+        return [logp[r, :n].tolist() for r, n in enumerate(mb.lengths)]
+
+    def _loss(self, logp, old_logp, ref_logp, mb: Collated, global_tokens, global_seqs):
+        max_len = self.cfg.algo.max_len or self.cfg.rollout.max_tokens
+        return compute_loss(self.cfg.algo, logp, old_logp, ref_logp, mb.advantages, mb.mask, max_len=max_len,
+                            global_tokens=global_tokens, global_seqs=global_seqs)
+
+    def _all_reduce_sum(self, values: list[float]) -> list[float]:
+        if self.world_size == 1:
+            return values
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64, device=self.device if self.device.type == "cuda" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t.tolist()
+
+    # ------------------------------------------------------------------ training
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """``algo.num_iterations`` optimizer steps on this rank's shard; returns ``train/*`` metrics."""
+        self._require_setup()
+        a = self.cfg.algo
+        t0 = time.perf_counter()
+        if len(batch.advantages) != len(batch):
+            raise ValueError(f"batch has {len(batch)} completions but {len(batch.advantages)} advantages")
+        micro = [self._collate(batch, r) for r in micro_batch_rows(len(batch), self._gas)]
+        local_tokens = float(sum(float(mb.mask.sum()) for mb in micro))
+        global_tokens, global_seqs = self._all_reduce_sum([local_tokens, float(len(batch))])
+        t1 = time.perf_counter()
+
+        ref = [self._logprobs_nograd(mb, reference=True) for mb in micro] if self._needs_ref() else None
+        if self.old_logp_source == "behaviour":
+            if any(mb.behaviour_logp is None for mb in micro):
+                raise ValueError("old_logp_source='behaviour' needs behaviour_logprobs for every completion")
+            old = [mb.behaviour_logp for mb in micro]
+        elif a.num_iterations > 1:
+            old = [self._logprobs_nograd(mb) for mb in micro]
+        else:
+            old = None  # logp.detach() per micro-batch: ratio 1, on-policy gradient
+        t2 = time.perf_counter()
+
+        acc = MetricAccumulator()
+        grad_norms: list[float] = []
+        lr = float(self.engine.get_lr()[0])
+        for it in range(a.num_iterations):
+            for i, mb in enumerate(micro):
+                logp, ent = self._forward(mb, entropy=(it == 0))
+                old_i = old[i] if old is not None else logp.detach()
+                ref_i = ref[i] if ref is not None else (old_i if a.kl_reference == "old" and a.beta > 0 else None)
+                loss, metrics = self._loss(logp, old_i, ref_i, mb, global_tokens, global_seqs)
+                tokens = float(mb.mask.sum())
+                acc.add(metrics, tokens)
+                if it == 0:
+                    self._diagnostics(acc, logp.detach(), ent, mb)
+                self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
+                if i == len(micro) - 1:
+                    grads = self._boundary_grads(it)
+                    if grads is not None:
+                        grad_norms.append(global_norm(grads))
+                self.engine.step()
+            self._version += 1
+            gn = self.engine.get_global_grad_norm()
+            if gn is not None and len(grad_norms) < it + 1:
+                grad_norms.append(float(gn))
+        t3 = time.perf_counter()
+
+        out = acc.reduce(self.world_size, a.num_iterations)
+        out.update({
+            "train/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
+            "train/lr": lr, "train/tokens": global_tokens, "train/sequences": global_seqs,
+            "train/version": float(self._version),
+            "timing/learn_prepare": t1 - t0, "timing/learn_ref_old": t2 - t1,
+            "timing/learn_update": t3 - t2, "timing/learn_total": time.perf_counter() - t0,
+        })
+        return out
+
+    def _diagnostics(self, acc: MetricAccumulator, logp, ent, mb: Collated) -> None:
+        m = mb.mask.bool()
+        n = float(m.sum())
+        if ent is not None and n > 0:
+            acc.add_weighted("entropy", float(masked_mean(ent, m)), n)
+        if mb.behaviour_logp is not None:
+            v = mb.valid
+            nv = float(v.sum())
+            if nv > 0:
+                diff = torch.where(v, (logp - mb.behaviour_logp).abs(), torch.zeros((), dtype=logp.dtype))
+                acc.add({"logprob_diff_behaviour_max": float(diff.max())}, nv)
+                acc.add_weighted("logprob_diff_behaviour_mean", float(diff.sum()) / nv, nv)
+
+    def _boundary_grads(self, iteration: int) -> Optional[list[torch.Tensor]]:
+        """Gradients at the accumulation boundary, before clipping and the optimizer step.
+
+        Returns them for the grad-norm metric on ZeRO stage 0 (where DeepSpeed does not record the
+        norm); fills ``self._capture`` when a test asked for them.
+        """
+        stage0 = self.cfg.learner.zero_stage == 0
+        if not stage0 and self._capture is None:
+            return None
+        from deepspeed.utils import safe_get_full_grad
+
+        named = [(n, p) for n, p in self.engine.module.named_parameters() if p.requires_grad]
+        grads = [safe_get_full_grad(p) for _, p in named]
+        if self._capture is not None and iteration == 0:
+            self._capture.update(cpu_copies(
+                (strip_prefixes(n), g if g is not None else torch.zeros_like(p))
+                for (n, p), g in zip(named, grads)))
+        return grads if stage0 else None
+
+    def grads_for_test(self, batch: TrainBatch) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """Run ``train_step`` and also return the first update's gradient (after the reduction over
+        micro-batches and ranks, before clipping and Adam) as ``{param name: CPU tensor}``."""
+        self._capture = {}
+        try:
+            metrics = self.train_step(batch)
+            return self._capture, metrics
+        finally:
+            self._capture = None
+
+    def loss_inputs_for_test(self, batch: TrainBatch) -> dict[str, torch.Tensor]:
+        """The tensors the loss sees for the whole batch in one forward (no grad): logp, ref_logp,
+        mask, advantages -- for checking train/loss against grpo_dist.algo called directly."""
+        mb = self._collate(batch)
+        out = {"logp": self._logprobs_nograd(mb), "mask": mb.mask, "advantages": mb.advantages}
+        if self._needs_ref():
+            out["ref_logp"] = self._logprobs_nograd(mb, reference=True)
+        return out
+
+    # ------------------------------------------------------------------ weights out
+    def _gathered(self, params: list[torch.nn.Parameter]):
+        if self.cfg.learner.zero_stage == 3:
+            import deepspeed
+
+            return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+        return contextlib.nullcontext()
+
+    def export_update(self) -> Optional[AdapterUpdate]:
+        """Current weights for the rollout workers (call on every rank; rank 0 returns them)."""
+        self._require_setup()
+        module = self.engine.module
+        if self.cfg.lora.enabled:
+            from peft import get_peft_model_state_dict
+
+            with self._gathered(self._trainable()):
+                tensors = cpu_copies(get_peft_model_state_dict(module).items()) if self.rank == 0 else None
+            peft_config = json_safe(module.peft_config["default"].to_dict())
+        else:
+            with self._gathered(list(module.parameters())):
+                tensors = (cpu_copies((strip_prefixes(k), v) for k, v in module.state_dict().items())
+                           if self.rank == 0 else None)
+            peft_config = None
+        if self.rank != 0:
+            return None
+        return AdapterUpdate(version=self._version, tensors=tensors, peft_config=peft_config)
+
+    def save_adapter(self, out_dir: str | os.PathLike) -> None:
+        """PEFT adapter dir (LoRA) or a full HF model dir + tokenizer; rank 0 writes."""
+        self._require_setup()
+        module = self.engine.module
+        params = self._trainable() if self.cfg.lora.enabled else list(module.parameters())
+        with self._gathered(params):
+            if self.rank == 0:
+                Path(out_dir).mkdir(parents=True, exist_ok=True)
+                module.save_pretrained(str(out_dir))
+                if not self.cfg.lora.enabled:
+                    from transformers import AutoTokenizer
+
+                    AutoTokenizer.from_pretrained(self.cfg.model.path).save_pretrained(str(out_dir))
+        self._barrier()
+
+    def _barrier(self) -> None:
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, ckpt_dir: str | os.PathLike, client_state: Optional[dict] = None) -> None:
+        """DeepSpeed checkpoint (trainable weights, optimizer, scheduler, steps) + ``adapter/``.
+        Every rank must call it."""
+        self._require_setup()
+        # DeepSpeed returns its own keys (ds_config, ...) mixed into the client state on load: keep
+        # ours under one key.
+        state = {_STATE_KEY: {"version": self._version, "client_state": dict(client_state or {})}}
+        self.engine.save_checkpoint(str(ckpt_dir), client_state=state,
+                                    exclude_frozen_parameters=self.cfg.lora.enabled)
+        self.save_adapter(Path(ckpt_dir) / "adapter")
+
+    def load_checkpoint(self, ckpt_dir: str | os.PathLike) -> dict:
+        """Restore a ``save_checkpoint`` directory; returns the client_state given to it."""
+        self._require_setup()
+        path, client = self.engine.load_checkpoint(str(ckpt_dir), load_module_strict=not self.cfg.lora.enabled)
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint found in {ckpt_dir}")
+        ours = (client or {}).get(_STATE_KEY, {})
+        self._version = int(ours.get("version", self.engine.global_steps))
+        return dict(ours.get("client_state", {}))
+
+    def shutdown(self) -> None:
+        """Drop the engine and destroy the process group (through DeepSpeed, which also forgets its
+        cached world-group clone, so a later ``setup()`` in this process can initialise again)."""
+        import torch.distributed as dist
+
+        self.engine = None
+        self._ref_model = None
+        if dist.is_available() and dist.is_initialized():
+            import deepspeed.comm
+
+            deepspeed.comm.destroy_process_group()

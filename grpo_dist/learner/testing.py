@@ -1,0 +1,77 @@
+"""Helpers for learner tests and checks (importable by spawned processes, unlike test modules).
+
+Nothing here is used in training.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Optional
+
+import torch
+
+from grpo_dist.config import Config, config_from_dict
+from grpo_dist.types import TrainBatch
+
+
+def small_config(model_dir, *, algo=None, learner=None, lora=None, rollout=None, trainer=None) -> Config:
+    """8 sequences per step (2 prompts x G=4), micro-batches of 2, LoRA dropout 0."""
+    return config_from_dict(dict(
+        model={"path": str(model_dir)},
+        lora={"dropout": 0.0, **(lora or {})},
+        rollout={"prompts_per_step": 2, "group_size": 4, "max_tokens": 8, **(rollout or {})},
+        learner={"micro_batch_size": 2, "lr": 2e-3, **(learner or {})},
+        algo=dict(algo or {}),
+        trainer={"steps": 10, **(trainer or {})},
+    ))
+
+
+def random_batch(n: int = 8, seed: int = 0, advantages: Optional[list[float]] = None,
+                 vocab: tuple[int, int] = (4, 100)) -> TrainBatch:
+    """Ragged prompts (BOS + 2..6 tokens) and completions (1..8 tokens) of random token ids."""
+    rng = random.Random(seed)
+    prompts = [[1] + [rng.randrange(*vocab) for _ in range(rng.randint(2, 6))] for _ in range(n)]
+    comps = [[rng.randrange(*vocab) for _ in range(rng.randint(1, 8))] for _ in range(n)]
+    adv = advantages if advantages is not None else [rng.gauss(0.0, 1.0) for _ in range(n)]
+    return TrainBatch(prompt_ids=prompts, completion_ids=comps, behaviour_logprobs=[], advantages=list(adv))
+
+
+def randomize_lora(learner, seed: int = 0, std: float = 0.05) -> None:
+    """Set every LoRA B (PEFT starts it at 0) to seeded noise, identical for equal seeds, so every
+    LoRA tensor gets a gradient and the policy differs from the reference. ZeRO stage 0-2 only."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in learner.engine.module.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+
+
+def two_step_grads(learner, batch: TrainBatch, batch2: TrainBatch) -> dict[str, Any]:
+    """Randomise LoRA B, then two train steps recording the reduced gradients, metrics and the
+    exported tensors after the first update."""
+    randomize_lora(learner, seed=3)
+    grads1, m1 = learner.grads_for_test(batch)
+    update = learner.export_update()
+    grads2, m2 = learner.grads_for_test(batch2)
+    return dict(grads1=grads1, m1=m1, grads2=grads2, m2=m2,
+                tensors=update.tensors if update is not None else None, version=learner.version)
+
+
+def two_step_rank(rank: int, world: int, port: int, model_dir: str, out_dir: str,
+                  batch: TrainBatch, batch2: TrainBatch) -> None:
+    """``torch.multiprocessing.spawn`` target: one learner rank runs :func:`two_step_grads` on its
+    shard and saves the result to ``out_dir/rank{rank}.pt``."""
+    from grpo_dist.env import setup_env
+
+    setup_env()
+    torch.set_num_threads(1)
+    from grpo_dist.learner import Learner
+
+    cfg = small_config(model_dir, learner=dict(num_learners=world), algo=dict(beta=0.04))
+    learner = Learner(cfg, rank=rank, world_size=world, master_port=port)
+    learner.setup()
+    try:
+        res = two_step_grads(learner, batch.shard(rank, world), batch2.shard(rank, world))
+        torch.save(res, f"{out_dir}/rank{rank}.pt")
+    finally:
+        learner.shutdown()
