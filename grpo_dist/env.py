@@ -35,5 +35,6 @@ def setup_env() -> dict[str, str]:
     for k, v in defaults.items():
         os.environ.setdefault(k, v)
     Path(os.environ["TORCH_EXTENSIONS_DIR"]).mkdir(parents=True, exist_ok=True)
-    keys = list(defaults) + ["VLLM_CPU_KVCACHE_SPACE", "WANDB_MODE", "WANDB_DIR", "PYTHONPATH", "GRPO_DIST_CACHE"]
+    # not PYTHONPATH: inside a Ray job it points at this node's copy of the working_dir
+    keys = list(defaults) + ["VLLM_CPU_KVCACHE_SPACE", "WANDB_MODE", "WANDB_DIR", "GRPO_DIST_CACHE"]
     return {k: os.environ[k] for k in keys if k in os.environ}

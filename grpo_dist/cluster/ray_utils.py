@@ -7,6 +7,7 @@ the only place that knows about ``ray.remote``.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -31,6 +32,9 @@ def init_ray(cfg: Config) -> dict[str, Any]:
         return ray.cluster_resources()
     runtime_env = {"env_vars": env}
     if cfg.cluster.address:
+        # Inside `ray job submit` the job already has a runtime_env (working_dir, env_vars): combine
+        # ours with it instead of failing on the overlap (ours wins on equal keys).
+        os.environ.setdefault("RAY_OVERRIDE_JOB_RUNTIME_ENV", "1")
         ray.init(address=cfg.cluster.address, runtime_env=runtime_env, log_to_driver=True)
     else:
         ray.init(num_cpus=cfg.cluster.num_cpus, include_dashboard=False, runtime_env=runtime_env,
