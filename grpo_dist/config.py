@@ -139,9 +139,6 @@ class AlgoConfig(Section):
     overlong_buffer: float = Field(0.0, ge=0, lt=1, description="Soft length penalty starts this fraction before max_tokens (0 = off).")
     overlong_penalty: float = Field(1.0, ge=0, description="Penalty at max_tokens for overlong shaping.")
     mask_truncated: bool = Field(False, description="Mask truncated completions out of the loss.")
-    ref_refresh_every: int = Field(0, ge=0, description="Mix the adapter into the reference every k steps (0 = never).")
-    ref_refresh_mix: float = Field(1.0, gt=0, le=1, description="Mix fraction of a reference refresh.")
-    top_entropy_frac: float = Field(1.0, gt=0, le=1, description="Train only on this top fraction of tokens by entropy.")
 
     @model_validator(mode="before")
     @classmethod

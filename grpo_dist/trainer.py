@@ -113,7 +113,7 @@ class Trainer:
         if bad:
             raise TrainingError(f"step {self.step + 1}: non-finite metrics {bad}; stopping before the "
                                 f"next rollout (last good checkpoint in {cfg.checkpoint_dir})")
-        self._last_samples = (groups, scores)
+        self._last_samples, self.last_batch = (groups, scores), batch
         return m
 
     # ---------------------------------------------------------------- the run

@@ -37,7 +37,8 @@ def init_ray(cfg: Config) -> dict[str, Any]:
         os.environ.setdefault("RAY_OVERRIDE_JOB_RUNTIME_ENV", "1")
         ray.init(address=cfg.cluster.address, runtime_env=runtime_env, log_to_driver=True)
     else:
-        ray.init(num_cpus=cfg.cluster.num_cpus, include_dashboard=False, runtime_env=runtime_env,
+        # address="local": always a fresh cluster, never one a `ray start` left on this machine
+        ray.init(address="local", num_cpus=cfg.cluster.num_cpus, include_dashboard=False, runtime_env=runtime_env,
                  log_to_driver=True, configure_logging=True, logging_level=logging.WARNING)
     return ray.cluster_resources()
 
