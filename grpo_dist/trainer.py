@@ -21,6 +21,7 @@ from grpo_dist.config import Config
 from grpo_dist.data import PromptStream
 from grpo_dist.evaluation import eval_metrics, evaluate
 from grpo_dist.monitor import Monitor, non_finite
+from grpo_dist.types import RewardResult
 from grpo_dist.setup_run import load_data, make_monitor, prepare_model
 
 log = logging.getLogger("grpo_dist.trainer")
@@ -56,10 +57,15 @@ class Trainer:
         return info
 
     # ---------------------------------------------------------------- one step
-    def collect(self, t: "_Timer") -> tuple[list, Any, dict[str, float]]:
-        """Generate and score; with dynamic sampling, drop zero-spread groups and refill."""
-        cfg, w = self.cfg, self.workers
-        want, kept, kept_scores, rounds, seen = cfg.rollout.prompts_per_step, [], [], 0, 0
+    def collect(self, t: "_Timer") -> tuple[list, RewardResult, dict[str, float]]:
+        """Generate and score; with dynamic sampling, drop zero-spread groups and refill (bounded)."""
+        cfg, w, G = self.cfg, self.workers, self.cfg.rollout.group_size
+        want = cfg.rollout.prompts_per_step
+        kept: list = []
+        totals: list[float] = []
+        per_fn: dict[str, list[float]] = {}
+        errors: dict[str, int] = {}
+        rounds = seen = 0
         while True:
             records = self.stream.next_batch(want - len(kept))
             with t("generate"):
@@ -67,21 +73,22 @@ class Trainer:
             with t("score"):
                 scores = dispatch.score(w.reward, groups)
             seen += len(groups)
-            G = cfg.rollout.group_size
+            for k, v in scores.errors.items():
+                errors[k] = errors.get(k, 0) + v
+            filtering = cfg.algo.dynamic_sampling and rounds < cfg.algo.max_sampling_rounds
             for i, g in enumerate(groups):
                 part = slice(i * G, (i + 1) * G)
-                if cfg.algo.dynamic_sampling and zero_spread(scores.total[part]) \
-                        and rounds < cfg.algo.max_sampling_rounds:
+                if filtering and zero_spread(scores.total[part]):
                     continue
                 kept.append(g)
-                kept_scores.append((scores.total[part], {k: v[part] for k, v in scores.per_function.items()},
-                                    scores.errors))
+                totals.extend(scores.total[part])
+                for k, v in scores.per_function.items():
+                    per_fn.setdefault(k, []).extend(v[part])
             if len(kept) >= want or not cfg.algo.dynamic_sampling:
                 break
             rounds += 1
-        merged = _merge_scores(kept_scores)
-        return kept[:want], merged, {"rollout/sampling_rounds": float(rounds),
-                                     "rollout/pass_rate": len(kept) / max(1, seen)}
+        merged = RewardResult(total=totals, per_function=per_fn, errors=errors)
+        return kept, merged, {"rollout/sampling_rounds": float(rounds), "rollout/pass_rate": len(kept) / max(1, seen)}
 
     def sync(self) -> dict[str, float]:
         """Learner rank 0 exports version v+1; every rollout worker loads it."""
@@ -171,21 +178,6 @@ class Trainer:
                     pass
             self.workers.kill()
             self.workers = None
-
-
-def _merge_scores(parts):
-    from grpo_dist.types import RewardResult
-
-    total, per_fn = [], {}
-    for t, pf, _ in parts:
-        total.extend(t)
-        for k, v in pf.items():
-            per_fn.setdefault(k, []).extend(v)
-    errors: dict[str, int] = {}
-    for _, _, e in {id(p[2]): p for p in parts}.values():
-        for k, v in e.items():
-            errors[k] = errors.get(k, 0) + v
-    return RewardResult(total=total, per_function=per_fn, errors=errors)
 
 
 class _Timer:

@@ -202,16 +202,24 @@ def test_synthetic_split_disjoint_and_deterministic():
 
 def test_noisy_completion():
     recs = make_task("add", 400, seed=0)
-    rng = random.Random(0)
     task = get_task("add")
-    comps = [noisy_completion(r, rng, 0.4) for r in recs]
-    frac = sum(task.check(c, r.answer) for c, r in zip(comps, recs)) / len(recs)
-    assert 0.3 < frac < 0.5
-    for c, r in zip(comps, recs):
-        assert c.lstrip("-").isdigit()
-        assert abs(int(c) - int(r.answer)) <= 90  # plausible: off by 1, 10 or a digit swap
+    for noise, max_off in (("systematic", 1), ("near", 1), ("spread", 90)):  # spread: +-10, swaps
+        rng = random.Random(0)
+        comps = [noisy_completion(r, rng, 0.4, noise) for r in recs]
+        frac = sum(task.check(c, r.answer) for c, r in zip(comps, recs)) / len(recs)
+        assert 0.3 < frac < 0.5
+        for c, r in zip(comps, recs):
+            assert c.isdigit() and abs(int(c) - int(r.answer)) <= max_off
+        rng = random.Random(0)
+        assert [noisy_completion(r, rng, 0.4, noise) for r in recs] == comps  # deterministic in rng
+    offs = {int(noisy_completion(r, rng, 0.0, "spread")) - int(r.answer) for r in recs}
+    assert {1, -1, 10, -10} <= offs
+    assert {int(noisy_completion(r, rng, 0.0, "near")) - int(r.answer) for r in recs} == {1, -1}
+    assert {int(noisy_completion(r, rng, 0.0)) - int(r.answer) for r in recs} == {1}  # systematic
     assert all(task.check(noisy_completion(r, rng, 1.0), r.answer) for r in recs[:50])
     assert not any(task.check(noisy_completion(r, rng, 0.0), r.answer) for r in recs[:50])
+    with pytest.raises(ValueError, match="noise"):
+        noisy_completion(recs[0], rng, 0.0, "bogus")
 
 
 @pytest.mark.parametrize("completion,expected", [

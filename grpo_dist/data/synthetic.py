@@ -19,6 +19,7 @@ from typing import Any, Callable
 from grpo_dist.data import PromptRecord
 
 _INT_RE = re.compile(r"-?[0-9]+", re.ASCII)
+NOISE_KINDS = ("near", "spread", "systematic")
 _SPLIT_SALT = 0x5EED  # fixed: the held-out split must not depend on any run's seed
 _SPLITS = {"train": "train", "eval": "eval", "test": "eval", "validation": "eval", "heldout": "eval"}
 
@@ -59,8 +60,12 @@ class Task:
     def pool(self, split: str, **kwargs: Any) -> list[tuple[str, str, dict[str, Any]]]:
         raise NotImplementedError
 
-    def wrong_answers(self, record: PromptRecord) -> list[str]:
-        """Plausible wrong answers for ``record`` (used to make noisy pretraining labels)."""
+    def wrong_answers(self, record: PromptRecord, noise: str = "systematic") -> list[str]:
+        """Plausible wrong answers for ``record`` (used to make noisy pretraining labels).
+
+        Arithmetic: ``"systematic"`` = always the same mistake (one too many), a bias that RL
+        removes quickly; ``"near"`` = off by one either way; ``"spread"`` = +-1, +-10 or a swap
+        of the last two digits."""
         raise NotImplementedError
 
     def completion(self, answer: str) -> str:
@@ -101,8 +106,9 @@ class ArithmeticTask(Task):
     """``a<op>b=`` with operands in ``0..max_operand``; answer ``a<op>b`` in decimal."""
 
     def __init__(self, name: str, symbol: str, fn: Callable[[int, int], int],
-                 default_max_operand: int = 99, eval_fraction: float = 0.1):
+                 default_max_operand: int = 99, eval_fraction: float = 0.1, zero_pad: bool = False):
         self.name, self.symbol, self.fn = name, symbol, fn
+        self.zero_pad = zero_pad
         self.default_max_operand = default_max_operand
         self.eval_fraction = eval_fraction
         self._cache: dict[tuple[int, float], tuple[list, list]] = {}
@@ -118,23 +124,28 @@ class ArithmeticTask(Task):
             self._cache[key] = (sorted(pairs[n_eval:]), sorted(pairs[:n_eval]))
         return self._cache[key]
 
-    def pool(self, split: str, max_operand: int | None = None,
-             eval_fraction: float | None = None) -> list[tuple[str, str, dict[str, Any]]]:
+    def pool(self, split: str, max_operand: int | None = None, eval_fraction: float | None = None,
+             zero_pad: bool | None = None) -> list[tuple[str, str, dict[str, Any]]]:
         m = self.default_max_operand if max_operand is None else int(max_operand)
         if m < 1:
             raise ValueError(f"max_operand must be >= 1, got {m}")
         frac = self.eval_fraction if eval_fraction is None else float(eval_fraction)
         train, held = self._splits(m, frac)
         pairs = train if split == "train" else held
-        return [(f"{a}{self.symbol}{b}=", str(self.fn(a, b)), {"a": a, "b": b}) for a, b in pairs]
+        pad = self.zero_pad if zero_pad is None else bool(zero_pad)
+        w = len(str(m)) if pad else 0  # "07+34=": fixed-width operands (one prompt length)
+        return [(f"{a:0{w}d}{self.symbol}{b:0{w}d}=", str(self.fn(a, b)), {"a": a, "b": b}) for a, b in pairs]
 
-    def wrong_answers(self, record: PromptRecord) -> list[str]:
+    def wrong_answers(self, record: PromptRecord, noise: str = "systematic") -> list[str]:
         right = int(record.columns["answer"])
-        cands = [right + 1, right - 1, right + 10, right - 10]
-        s = str(abs(right))
-        if len(s) >= 2 and s[-1] != s[-2]:  # swap the last two digits
-            swapped = int(s[:-2] + s[-1] + s[-2]) * (-1 if right < 0 else 1)
-            cands.append(swapped)
+        cands = [right + 1] if noise == "systematic" else [right + 1, right - 1]
+        if noise == "spread":
+            cands += [right + 10, right - 10]
+            s = str(abs(right))
+            if len(s) >= 2 and s[-1] != s[-2]:  # swap the last two digits
+                cands.append(int(s[:-2] + s[-1] + s[-2]) * (-1 if right < 0 else 1))
+        elif noise not in NOISE_KINDS:
+            raise ValueError(f"unknown noise {noise!r}; expected one of {NOISE_KINDS}")
         lo = min(0, right)  # keep wrong answers in the task's natural sign range
         out = [str(c) for c in cands if c != right and c >= lo]
         return out or [str(right + 1)]
@@ -173,13 +184,16 @@ def make_task(name: str, n: int | None, seed: int = 0, split: str = "train", **k
     return get_task(name).make(n, seed, split, **kwargs)
 
 
-def noisy_completion(record: PromptRecord, rng: random.Random, p_correct: float) -> str:
+def noisy_completion(record: PromptRecord, rng: random.Random, p_correct: float,
+                     noise: str = "systematic") -> str:
     """The canonical completion of ``record`` with probability ``p_correct``, else a plausible
-    wrong one (off by +-1, +-10 or a digit swap for arithmetic), chosen with ``rng``."""
+    wrong one chosen with ``rng`` from ``Task.wrong_answers(record, noise)`` (arithmetic:
+    ``"systematic"`` = one too many, ``"near"`` = off by one either way, ``"spread"`` = off by
+    +-1, +-10 or a swap of the last two digits)."""
     task = get_task(record.columns.get("task", ""))
     if rng.random() < p_correct:
         return task.completion(str(record.columns["answer"]))
-    return task.completion(rng.choice(task.wrong_answers(record)))
+    return task.completion(rng.choice(task.wrong_answers(record, noise)))
 
 
 def check(completion: Any, answer: Any) -> bool:

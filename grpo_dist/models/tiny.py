@@ -1,5 +1,10 @@
 """Local tiny models: a seeded Llama + a character-level tokenizer, optionally pretrained on a
-synthetic task with deliberately noisy labels (so that GRPO has something to sharpen).
+synthetic task with deliberately wrong labels (so that GRPO has something to fix).
+
+Pretraining recipe (``pretrain``): half the steps on correct labels, then labels correct with
+probability ``p_correct`` (0.4) and otherwise one too many ("systematic" noise). The model ends
+knowing the format and the arithmetic but biased: sampled held-out accuracy ~0.35-0.42 at
+temperature 1, and on-policy GRPO (LoRA, lr 1e-3) removes the bias within a few dozen steps.
 
     info = make_tiny_model("models/tiny-add", size="tiny", pretrain_task="add")
 
@@ -37,7 +42,7 @@ SIZES: dict[str, dict[str, int]] = {
 MAX_POSITIONS = 256
 # Pretraining defaults per size: steps, batch size, peak learning rate.
 PRETRAIN_DEFAULTS: dict[str, dict[str, float]] = {
-    "tiny": dict(steps=1500, batch_size=64, lr=3e-3),
+    "tiny": dict(steps=2000, batch_size=64, lr=1e-3),
     "small": dict(steps=600, batch_size=64, lr=1e-3),
 }
 INFO_FILE = "tiny_model_info.json"
@@ -159,9 +164,16 @@ def evaluate(model, tokenizer, task_name: str, *, n: int = 200, samples: int = 4
 
 
 def pretrain(model, tokenizer, task_name: str, *, steps: int, batch_size: int = 64, lr: float = 3e-3,
-             p_correct: float = 0.4, seed: int = 0, warmup: int = 50, log: Callable[[str], Any] = print,
+             p_correct: float = 0.4, noise: str = "systematic", clean_fraction: float = 0.5, seed: int = 0,
+             warmup: int = 50,
+             log: Callable[[str], Any] | None = print,
              log_every: int = 100, **task_kwargs: Any) -> dict[str, Any]:
-    """Next-token training on ``task_name``'s train split with noisy labels (correct w.p. ``p_correct``)."""
+    """Next-token training on ``task_name``'s train split, loss on completion + EOS only.
+
+    The first ``clean_fraction`` of the steps use correct labels (the model learns the task
+    reliably: straight noisy training stalled for some seeds); after that each drawn example's
+    label is correct w.p. ``p_correct``, else a ``noise``-kind wrong answer (see
+    :func:`grpo_dist.data.synthetic.noisy_completion`), so the model ends calibrated to that mix."""
     from grpo_dist.data.synthetic import make_task, noisy_completion
 
     records = make_task(task_name, None, seed=seed, split="train", **task_kwargs)
@@ -175,12 +187,14 @@ def pretrain(model, tokenizer, task_name: str, *, steps: int, batch_size: int = 
         return 0.1 + 0.45 * (1 + math.cos(math.pi * t))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    clean_steps = int(round(clean_fraction * steps))
     model.train()
     losses: list[float] = []
     t0 = time.time()
     for step in range(steps):
         batch = rng.sample(records, min(batch_size, len(records)))
-        completions = [noisy_completion(r, rng, p_correct) for r in batch]
+        p = 1.0 if step < clean_steps else p_correct
+        completions = [noisy_completion(r, rng, p, noise) for r in batch]
         ids, mask, labels = _encode_batch(tokenizer, [r.prompt for r in batch], completions)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad(set_to_none=True)
@@ -195,7 +209,8 @@ def pretrain(model, tokenizer, task_name: str, *, steps: int, batch_size: int = 
                 f"({time.time() - t0:.1f}s)")
     model.eval()
     k = max(1, min(20, len(losses) // 5))
-    return {"steps": steps, "batch_size": batch_size, "lr": lr, "p_correct": p_correct,
+    return {"steps": steps, "batch_size": batch_size, "lr": lr, "p_correct": p_correct, "noise": noise,
+            "clean_fraction": clean_fraction,
             "loss_first": sum(losses[:k]) / k, "loss_last": sum(losses[-k:]) / k,
             "train_seconds": time.time() - t0}
 
@@ -204,8 +219,8 @@ def pretrain(model, tokenizer, task_name: str, *, steps: int, batch_size: int = 
 
 def make_tiny_model(out_dir: str, size: str = "tiny", seed: int = 0, pretrain_task: str | None = None,
                     steps: int | None = None, log: Callable[[str], Any] | None = print, *,
-                    p_correct: float = 0.4, batch_size: int | None = None, lr: float | None = None,
-                    eval_n: int = 200, eval_samples: int = 4, threads: int | None = 1,
+                    p_correct: float = 0.4, noise: str = "systematic", clean_fraction: float = 0.5,
+                    batch_size: int | None = None, lr: float | None = None, eval_n: int = 200, eval_samples: int = 4, threads: int | None = 1,
                     **task_kwargs: Any) -> dict[str, Any]:
     """Build (and optionally pretrain) a tiny Llama + char tokenizer into ``out_dir``.
 
@@ -213,6 +228,8 @@ def make_tiny_model(out_dir: str, size: str = "tiny", seed: int = 0, pretrain_ta
     count, vocab size and, when ``pretrain_task`` is given, the training summary
     (``loss_first``, ``loss_last``, ``train_seconds``) and held-out ``eval_greedy_acc`` /
     ``eval_sampled_acc`` (temperature 1.0, ``eval_samples`` per prompt). Same arguments, same model.
+    ``steps``/``batch_size``/``lr`` default to ``PRETRAIN_DEFAULTS[size]``; ``task_kwargs`` (e.g.
+    ``max_operand``) go to the task, for training and evaluation alike.
     ``threads`` sets ``torch.set_num_threads`` (1 by default: these matmuls are too small to gain
     from more, and 2 threads on a busy 2-core machine ran ~15x slower; None leaves it alone).
     """
@@ -235,7 +252,8 @@ def make_tiny_model(out_dir: str, size: str = "tiny", seed: int = 0, pretrain_ta
         info.update(pretrain(
             model, tokenizer, pretrain_task, steps=int(steps if steps is not None else defaults["steps"]),
             batch_size=int(batch_size or defaults["batch_size"]), lr=float(lr or defaults["lr"]),
-            p_correct=p_correct, seed=seed, log=log, **task_kwargs))
+            p_correct=p_correct, noise=noise, clean_fraction=clean_fraction, seed=seed, log=log,
+            **task_kwargs))
         info.update(evaluate(model, tokenizer, pretrain_task, n=eval_n, samples=eval_samples,
                              seed=seed, **task_kwargs))
         if log is not None:
@@ -260,11 +278,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--pretrain-task", default=None)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--p-correct", type=float, default=0.4)
+    p.add_argument("--noise", default="systematic", choices=["systematic", "near", "spread"])
+    p.add_argument("--clean-fraction", type=float, default=0.5)
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--batch-size", type=int, default=None)
     args = p.parse_args(argv)
     info = make_tiny_model(args.out_dir, size=args.size, seed=args.seed, pretrain_task=args.pretrain_task,
-                           steps=args.steps, p_correct=args.p_correct, lr=args.lr, batch_size=args.batch_size)
+                           steps=args.steps, p_correct=args.p_correct, noise=args.noise,
+                           clean_fraction=args.clean_fraction, lr=args.lr,
+                           batch_size=args.batch_size)
     print(json.dumps(info, indent=2))
     return info
 
