@@ -34,9 +34,8 @@ def run_eval(cfg: Config, adapter: str | None, out: str | None = None) -> dict[s
         if adapter:
             rollout.get(rollout.call("load_adapter_dir", str(Path(adapter).resolve()), 1))
             report["adapter_eval"] = evaluate(cfg, rollout, reward, records, with_samples=8)
-            report["delta"] = {k: report["adapter_eval"][k] - report["base"][k]
-                               for k in report["base"] if isinstance(report["base"][k], float)
-                               and k in report["adapter_eval"] and k != "seconds"}
+            report["delta"] = {k.split("/", 1)[1]: v - eval_metrics(report["base"])[k]
+                               for k, v in eval_metrics(report["adapter_eval"]).items()}
         rollout.get(rollout.call("close"))
     finally:
         rollout.kill()

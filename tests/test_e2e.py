@@ -37,7 +37,7 @@ def run(pretrained_model_dir, tmp_path_factory):
     cfg = load_config(ROOT / "configs" / "tiny_cpu.yaml", {
         "output_dir": str(out),
         "model": {"path": str(pretrained_model_dir), "make_if_missing": None},
-        "trainer": {"steps": STEPS},
+        "trainer": {"steps": STEPS, "eval_every": 6},
         "checkpoint": {"every": 5, "keep": 2},
         "data": {"eval_size": 64},
         "logging": {"sample_table_every": 5},
@@ -79,6 +79,16 @@ def test_metrics_present_and_finite(run):
         assert not missing, missing
         bad = {k: v for k, v in h.items() if isinstance(v, float) and not math.isfinite(v)}
         assert not bad, bad
+
+
+def test_periodic_eval_metrics(run):
+    trainer, _ = run
+    with_eval = [int(h["step"]) for h in trainer.history if "eval/sampled_accuracy" in h]
+    assert with_eval == [6, 12]
+    h = trainer.history[-1]
+    for k in ("eval/sampled_accuracy", "eval/greedy_accuracy", "eval/pass@1", "eval/pass@4", "eval/mean_reward"):
+        assert 0.0 <= h[k] <= 1.0, k
+    assert h["eval/pass@4"] >= h["eval/pass@1"]
 
 
 def test_summary_json_and_wandb_offline_run(run):
@@ -168,6 +178,32 @@ def test_training_raises_reward(run):
           f"{summary['sampled_accuracy_after']:.3f}")
     assert last - first >= 0.1
     assert summary["sampled_accuracy_after"] - summary["sampled_accuracy_before"] >= 0.1
+
+
+def test_eval_cli_reports_base_and_adapter(run, tmp_path):
+    """`grpo-dist eval --adapter` in its own process: its own local Ray cluster and vLLM workers."""
+    import subprocess
+    import sys
+
+    trainer, summary = run
+    report_path = tmp_path / "report.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "grpo_dist.cli", "eval", "--config", str(ROOT / "configs/tiny_cpu.yaml"),
+         "--adapter", summary["adapter_dir"], "--out", str(report_path), "--model.path", trainer.cfg.model.path,
+         "--model.make_if_missing", "null", "--rollout.num_workers", "1", "--data.eval_size", "64",
+         "--output_dir", str(tmp_path), "--logging.wandb_mode", "offline"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    for which in ("base", "adapter_eval"):
+        assert {"sampled_accuracy", "greedy_accuracy", "pass@1", "pass@4", "mean_reward"} <= set(report[which])
+        assert report[which]["num_prompts"] == 64 and report[which]["samples"]
+    assert report["delta"]["sampled_accuracy"] == pytest.approx(
+        report["adapter_eval"]["sampled_accuracy"] - report["base"]["sampled_accuracy"])
+    assert report["delta"]["sampled_accuracy"] >= 0.1  # the trained adapter is better than the base
+    # the same numbers the trainer measured at the end of training (same prompts, same eval seed)
+    assert report["adapter_eval"]["greedy_accuracy"] == pytest.approx(
+        summary["eval_after"]["greedy_accuracy"], abs=0.1)
 
 
 def test_full_weight_sync_through_vllm_reload(run):
