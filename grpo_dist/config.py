@@ -139,6 +139,8 @@ class AlgoConfig(Section):
     overlong_buffer: float = Field(0.0, ge=0, lt=1, description="Soft length penalty starts this fraction before max_tokens (0 = off).")
     overlong_penalty: float = Field(1.0, ge=0, description="Penalty at max_tokens for overlong shaping.")
     mask_truncated: bool = Field(False, description="Mask truncated completions out of the loss.")
+    top_entropy_frac: float = Field(1.0, gt=0, le=1, description="Train only on this top fraction of completion "
+                                    "tokens by policy entropy (1 = all tokens; 0.2 = the 80/20 'forking tokens' rule).")
 
     @model_validator(mode="before")
     @classmethod

@@ -291,6 +291,32 @@ def test_multiple_iterations(variant_learner):
     assert m["train/ratio_max"] > 1.0 or m["train/ratio_min"] < 1.0  # later updates are off-policy
 
 
+def test_top_entropy_token_selection(variant_learner):
+    """algo.top_entropy_frac: only the highest-entropy completion tokens carry loss; train/loss
+    equals grpo_loss on the whole batch with the mask narrowed to those tokens."""
+    learner = variant_learner
+    for k, v in dict(loss="clip", beta=0.0, kl_reference="ref", agg="token-mean", max_len=None,
+                     ratio_level="token", clip_low=0.2, clip_high=0.2, dual_clip=None).items():
+        setattr(learner.cfg.algo, k, v)
+    batch = make_batch(8, seed=21)
+    t = learner.loss_inputs_for_test(batch)
+    with torch.no_grad(), learner._eval_mode():
+        ent = learner._forward(learner._collate(batch), learner.engine.module, entropy=True)[1]
+    mask = t["mask"]
+    threshold = torch.quantile(ent[mask.bool()].float(), 0.5)
+    narrowed = mask * (ent >= threshold).to(mask.dtype)
+    assert 0 < narrowed.sum() < mask.sum()
+    expected, _ = grpo_loss(t["logp"], t["logp"], None, t["advantages"], narrowed, beta=0.0, agg="token-mean")
+    learner.cfg.algo.top_entropy_frac = 0.5
+    try:
+        m = learner.train_step(batch)
+    finally:
+        learner.cfg.algo.top_entropy_frac = 1.0
+    assert m["train/entropy_selected_frac"] == pytest.approx(float(narrowed.sum() / mask.sum()))
+    assert m["train/tokens"] == float(narrowed.sum())
+    assert m["train/loss"] == pytest.approx(float(expected), abs=2e-6, rel=1e-5)
+
+
 def test_lr_schedules():
     from grpo_dist.learner import lr_factor
 

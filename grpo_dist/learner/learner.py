@@ -210,6 +210,7 @@ class Learner:
         if len(batch.advantages) != len(batch):
             raise ValueError(f"batch has {len(batch)} completions but {len(batch.advantages)} advantages")
         micro = [self._collate(batch, r) for r in micro_batch_rows(len(batch), self._gas)]
+        selected = self._keep_high_entropy(micro, a.top_entropy_frac) if a.top_entropy_frac < 1.0 else None
         local_tokens = float(sum(float(mb.mask.sum()) for mb in micro))
         global_tokens, global_seqs = self._all_reduce_sum([local_tokens, float(len(batch))])
         t1 = time.perf_counter()
@@ -255,10 +256,26 @@ class Learner:
             "train/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
             "train/lr": lr, "train/tokens": global_tokens, "train/sequences": global_seqs,
             "train/version": float(self._version),
+            **({"train/entropy_selected_frac": selected} if selected is not None else {}),
             "timing/learn_prepare": t1 - t0, "timing/learn_ref_old": t2 - t1,
             "timing/learn_update": t3 - t2, "timing/learn_total": time.perf_counter() - t0,
         })
         return out
+
+    @torch.no_grad()
+    def _keep_high_entropy(self, micro: list[Collated], frac: float) -> float:
+        """Narrow every micro-batch's loss mask to the ``frac`` highest-entropy completion tokens of
+        this rank's batch (one no-grad policy pass); returns the fraction of tokens kept."""
+        with self._eval_mode():
+            ents = [self._forward(mb, self.engine.module, entropy=True)[1] for mb in micro]
+        pool = torch.cat([e[mb.mask.bool()] for e, mb in zip(ents, micro)]).float()
+        if pool.numel() == 0:
+            return 0.0
+        threshold = torch.quantile(pool, 1.0 - frac)
+        before = float(pool.numel())
+        for e, mb in zip(ents, micro):
+            mb.mask = mb.mask * (e >= threshold).to(mb.mask.dtype)
+        return float(sum(float(mb.mask.sum()) for mb in micro)) / before
 
     def _diagnostics(self, acc: MetricAccumulator, logp, ent, mb: Collated) -> None:
         m = mb.mask.bool()
