@@ -110,18 +110,22 @@ class Trainer:
             k = len(w.learner)
             stats = w.learner.get(w.learner.call_each("train_step", [(batch.shard(r, k),) for r in range(k)]))
         m.update(stats[0])
+        self._check_finite(stats[0], "the learner (nothing was synced)")
         with t("sync"):
             sync_m = self.sync()
         m.update(sync_m)
         m.update(t.metrics())
         tokens = sum(len(c) for c in batch.completion_ids)
         m["perf/tokens_per_s"] = tokens / max(1e-9, m["timing/step"])
-        bad = non_finite(m)
-        if bad:
-            raise TrainingError(f"step {self.step + 1}: non-finite metrics {bad}; stopping before the "
-                                f"next rollout (last good checkpoint in {cfg.checkpoint_dir})")
+        self._check_finite(m, "this step")
         self._last_samples, self.last_batch = (groups, scores), batch
         return m
+
+    def _check_finite(self, metrics: dict[str, float], where: str) -> None:
+        bad = non_finite(metrics)
+        if bad:
+            raise TrainingError(f"step {self.step + 1}: non-finite metrics from {where}: {bad}; stopping "
+                                f"(last good checkpoint in {self.cfg.checkpoint_dir})")
 
     # ---------------------------------------------------------------- the run
     def run(self) -> dict[str, Any]:

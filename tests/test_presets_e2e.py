@@ -102,3 +102,39 @@ def test_dynamic_sampling_with_zero_extra_rounds_keeps_everything(ray_cluster, p
         assert all(h["rollout/sampling_rounds"] == 0 for h in trainer.history)
     finally:
         trainer.close()
+
+
+def test_dead_rollout_actor_stops_the_run_with_a_clear_error(ray_cluster, pretrained_model_dir, tmp_path):
+    import ray
+
+    from grpo_dist.cluster.ray_utils import ClusterError
+
+    trainer = run_trainer(pretrained_model_dir, tmp_path, {"rollout": {"num_workers": 2}, "trainer": {"steps": 1}})
+    try:
+        ray.kill(trainer.workers.rollout.actors[1], no_restart=True)
+        with pytest.raises(ClusterError) as e:
+            trainer.train_step()
+        msg = str(e.value)
+        assert msg.startswith("rollout worker 1 died:") and "\n" not in msg
+    finally:
+        trainer.close()
+
+
+def test_nan_from_the_learner_stops_before_sync(ray_cluster, pretrained_model_dir, tmp_path):
+    """Fault injection: an infinite learning rate turns the adapter to inf/NaN in one update; the
+    learner's train/param_norm says so and the run stops loudly before that adapter is synced."""
+    import ray
+
+    from grpo_dist.trainer import TrainingError
+
+    trainer = run_trainer(pretrained_model_dir, tmp_path, {"trainer": {"steps": 1}})
+    try:
+        learner = trainer.workers.learner.actors[0]
+        ray.get(learner.set_lr_for_test.remote(float("inf")))
+        version = ray.get(trainer.workers.rollout.actors[0].health.remote())["version"]
+        with pytest.raises(TrainingError, match="non-finite metrics from the learner") as e:
+            trainer.train_step()
+        assert "train/param_norm" in str(e.value) and "\n" not in str(e.value)
+        assert ray.get(trainer.workers.rollout.actors[0].health.remote())["version"] == version
+    finally:
+        trainer.close()

@@ -257,6 +257,8 @@ class Learner:
             "train/lr": lr, "train/tokens": global_tokens, "train/sequences": global_seqs,
             "train/version": float(self._version),
             **({"train/entropy_selected_frac": selected} if selected is not None else {}),
+            # NaN/inf here means the update broke the weights: the driver stops before syncing them
+            **({"train/param_norm": global_norm(self._trainable())} if self.cfg.learner.zero_stage < 3 else {}),
             "timing/learn_prepare": t1 - t0, "timing/learn_ref_old": t2 - t1,
             "timing/learn_update": t3 - t2, "timing/learn_total": time.perf_counter() - t0,
         })
@@ -318,6 +320,14 @@ class Learner:
             return self._capture, metrics
         finally:
             self._capture = None
+
+    def set_lr_for_test(self, lr: float) -> None:
+        """Fault injection for tests: force the learning rate (e.g. inf) from the next step on."""
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = lr
+        sched = self.engine.lr_scheduler
+        if sched is not None:
+            sched.base_lrs = [lr for _ in sched.base_lrs]
 
     def loss_inputs_for_test(self, batch: TrainBatch) -> dict[str, torch.Tensor]:
         """The tensors the loss sees for the whole batch in one forward (no grad): logp, ref_logp,
