@@ -20,7 +20,7 @@ from grpo_dist.cluster.ray_utils import check_resources, init_ray
 from grpo_dist.config import Config
 from grpo_dist.data import PromptStream
 from grpo_dist.evaluation import eval_metrics, evaluate
-from grpo_dist.monitor import Monitor, non_finite
+from grpo_dist.monitor import Monitor, StepTimer, non_finite
 from grpo_dist.types import RewardResult
 from grpo_dist.setup_run import load_data, make_monitor, prepare_model
 
@@ -57,7 +57,7 @@ class Trainer:
         return info
 
     # ---------------------------------------------------------------- one step
-    def collect(self, t: "_Timer") -> tuple[list, RewardResult, dict[str, float]]:
+    def collect(self, t: "StepTimer") -> tuple[list, RewardResult, dict[str, float]]:
         """Generate and score; with dynamic sampling, drop zero-spread groups and refill (bounded)."""
         cfg, w, G = self.cfg, self.workers, self.cfg.rollout.group_size
         want = cfg.rollout.prompts_per_step
@@ -102,7 +102,7 @@ class Trainer:
                 "sync/version": float(versions.pop())}
 
     def train_step(self) -> dict[str, float]:
-        cfg, w, t = self.cfg, self.workers, _Timer()
+        cfg, w, t = self.cfg, self.workers, StepTimer()
         groups, scores, m = self.collect(t)
         batch, rollout_m = build_batch(groups, scores, cfg.rollout.group_size, cfg.algo, cfg.rollout.max_tokens)
         m.update(rollout_m)
@@ -175,33 +175,10 @@ class Trainer:
         if self.monitor is not None:
             self.monitor.close()
         if self.workers is not None:
-            for g in (self.workers.rollout,):
-                try:
-                    g.get(g.call("close"), timeout=60)
-                except Exception:  # pragma: no cover - shutting down anyway
-                    pass
+            rollout = self.workers.rollout
+            try:  # engines release their processes and adapter dirs
+                rollout.get(rollout.call("close"), timeout=60)
+            except Exception:  # pragma: no cover - shutting down anyway
+                pass
             self.workers.kill()
             self.workers = None
-
-
-class _Timer:
-    def __init__(self):
-        self.t: dict[str, float] = {}
-        self.start = time.perf_counter()
-
-    def __call__(self, name: str):
-        timer = self
-
-        class _Ctx:
-            def __enter__(self):
-                self.t0 = time.perf_counter()
-
-            def __exit__(self, *exc):
-                timer.t[name] = timer.t.get(name, 0.0) + time.perf_counter() - self.t0
-
-        return _Ctx()
-
-    def metrics(self) -> dict[str, float]:
-        m = {f"timing/{k}": v for k, v in self.t.items()}
-        m["timing/step"] = time.perf_counter() - self.start
-        return m

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import math
+import time
 from typing import Any
 
 
@@ -53,3 +55,24 @@ class MultiMonitor(Monitor):
 def non_finite(metrics: dict[str, float]) -> list[str]:
     """Names of metrics that are NaN or infinite (the trainer refuses to go on silently)."""
     return [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+
+
+class StepTimer:
+    """Accumulates named phase durations of one step; ``metrics()`` gives ``timing/<phase>`` and ``timing/step``."""
+
+    def __init__(self):
+        self.t: dict[str, float] = {}
+        self.start = time.perf_counter()
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.t[name] = self.t.get(name, 0.0) + time.perf_counter() - t0
+
+    def metrics(self) -> dict[str, float]:
+        m = {f"timing/{k}": v for k, v in self.t.items()}
+        m["timing/step"] = time.perf_counter() - self.start
+        return m

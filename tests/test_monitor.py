@@ -1,0 +1,44 @@
+"""Monitors: step timer, non-finite detection, console lines, W&B offline files."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+from grpo_dist.monitor import ConsoleMonitor, StepTimer, WandbMonitor, format_metrics, non_finite
+
+
+def test_step_timer_accumulates_phases():
+    t = StepTimer()
+    with t("generate"):
+        time.sleep(0.01)
+    with t("generate"):
+        time.sleep(0.01)
+    m = t.metrics()
+    assert m["timing/generate"] >= 0.02 and m["timing/step"] >= m["timing/generate"]
+
+
+def test_non_finite_names_bad_metrics():
+    assert non_finite({"a": 1.0, "b": math.nan, "c": math.inf, "d": 3}) == ["b", "c"]
+
+
+def test_console_prints_a_line_per_step_without_a_terminal(capsys):
+    mon = ConsoleMonitor(enabled=True)
+    mon.start(3)
+    mon.log({"rollout/reward_mean": 0.5, "train/kl": 0.01, "train/loss": -0.2, "timing/step": 1.5}, 1)
+    mon.log({"sync/bytes": 10.0}, 1)  # no train/eval metrics: nothing printed
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == ["step 1/3  reward 0.500  kl 0.0100  loss -0.2000  s/step 1.5"]
+    assert format_metrics({}) == ""
+
+
+def test_wandb_offline_writes_a_run(tmp_path):
+    wb = WandbMonitor(mode="offline", project="grpo_dist-test", entity=None, name="t", directory=tmp_path,
+                      config={"x": 1})
+    wb.log({"train/loss": 0.5, "rollout/reward_mean": 0.25}, step=1)
+    wb.log_table("samples", ["prompt", "completion"], [["1+1=", "2"]], step=1)
+    wb.summary({"steps": 1, "nested": {"skip": True}})
+    run_dir = Path(wb.run_dir)
+    wb.close()
+    assert run_dir.is_dir() and list(run_dir.glob("*.wandb"))
