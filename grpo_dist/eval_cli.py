@@ -12,8 +12,8 @@ from grpo_dist.config import Config, ConfigError
 
 
 def run_eval(cfg: Config, adapter: str | None, out: str | None = None) -> dict[str, Any]:
-    from grpo_dist.cluster.actors import RewardActor, RolloutActor
-    from grpo_dist.cluster.ray_utils import ActorGroup, init_ray, shutdown_ray
+    from grpo_dist.cluster.actors import create_generators
+    from grpo_dist.cluster.ray_utils import init_ray, shutdown_ray
     from grpo_dist.evaluation import eval_metrics, evaluate
     from grpo_dist.setup_run import load_data, prepare_model
 
@@ -23,9 +23,7 @@ def run_eval(cfg: Config, adapter: str | None, out: str | None = None) -> dict[s
         raise ConfigError("data.eval_path: evaluation needs held-out prompts")
     init_ray(cfg)
     c = cfg.cluster
-    rollout = ActorGroup.create("rollout", RolloutActor, [(cfg, i) for i in range(cfg.rollout.num_workers)],
-                                num_cpus=c.rollout_cpus, num_gpus=c.rollout_gpus)
-    reward = ActorGroup.create("reward", RewardActor, [(cfg.reward,)] * cfg.reward.num_workers, num_cpus=c.reward_cpus)
+    rollout, reward = create_generators(cfg)
     try:
         rollout.get(rollout.call("setup"), timeout=c.actor_start_timeout_s)
         reward.get(reward.call("names"), timeout=c.actor_start_timeout_s)

@@ -52,13 +52,20 @@ class Workers:
             g.kill()
 
 
-def start_workers(cfg: Config) -> tuple[Workers, dict]:
-    """Create every actor, then set them all up concurrently (engines load while learners init)."""
+def create_generators(cfg: Config) -> tuple[ActorGroup, ActorGroup]:
+    """The rollout and reward actor groups (created, not yet set up)."""
     c = cfg.cluster
     rollout = ActorGroup.create("rollout", RolloutActor, [(cfg, i) for i in range(cfg.rollout.num_workers)],
                                 num_cpus=c.rollout_cpus, num_gpus=c.rollout_gpus)
     reward = ActorGroup.create("reward", RewardActor, [(cfg.reward,)] * cfg.reward.num_workers,
                                num_cpus=c.reward_cpus)
+    return rollout, reward
+
+
+def start_workers(cfg: Config) -> tuple[Workers, dict]:
+    """Create every actor, then set them all up concurrently (engines load while learners init)."""
+    c = cfg.cluster
+    rollout, reward = create_generators(cfg)
     k = cfg.learner.num_learners
     first = ActorGroup.create("learner", LearnerActor, [(cfg, 0, k, "127.0.0.1", 0)],
                               num_cpus=c.learner_cpus, num_gpus=c.learner_gpus)
