@@ -239,25 +239,25 @@ class Config(Section):
         n = self.rollout.prompts_per_step * self.rollout.group_size
         per_rank = self.learner.num_learners * self.learner.micro_batch_size
         if n % self.learner.num_learners:
-            raise _key_error("learner.num_learners",
+            raise _KeyError("learner.num_learners",
                              f"batch {n} (prompts_per_step * group_size) is not divisible by {self.learner.num_learners} ranks")
         per_rank_n = n // self.learner.num_learners
         if per_rank_n > self.learner.micro_batch_size and per_rank_n % self.learner.micro_batch_size:
-            raise _key_error("learner.micro_batch_size",
+            raise _KeyError("learner.micro_batch_size",
                              f"per-rank batch {n // self.learner.num_learners} is not divisible by micro_batch_size "
                              f"{self.learner.micro_batch_size} (need prompts_per_step*group_size % {per_rank} == 0)")
         if self.rollout.max_tokens >= self.model.max_model_len:
-            raise _key_error("rollout.max_tokens", f"{self.rollout.max_tokens} leaves no room for the prompt "
+            raise _KeyError("rollout.max_tokens", f"{self.rollout.max_tokens} leaves no room for the prompt "
                              f"within model.max_model_len {self.model.max_model_len}")
         if not self.reward.functions:
-            raise _key_error("reward.functions", "at least one reward function is needed")
+            raise _KeyError("reward.functions", "at least one reward function is needed")
         if max(self.eval.pass_k) > self.eval.samples_per_prompt:
-            raise _key_error("eval.pass_k", f"k={max(self.eval.pass_k)} exceeds eval.samples_per_prompt "
+            raise _KeyError("eval.pass_k", f"k={max(self.eval.pass_k)} exceeds eval.samples_per_prompt "
                              f"{self.eval.samples_per_prompt}")
         if self.cluster.address is None and self.cluster.num_cpus is not None:
             need = self.resource_demand()["CPU"]
             if need > self.cluster.num_cpus + 1e-9:
-                raise _key_error("cluster.num_cpus", f"actors need {need:g} CPUs but the local cluster has "
+                raise _KeyError("cluster.num_cpus", f"actors need {need:g} CPUs but the local cluster has "
                                  f"{self.cluster.num_cpus} (lower cluster.*_cpus or worker counts)")
         return self
 
@@ -278,10 +278,6 @@ class _KeyError(ValueError):
     def __init__(self, key: str, msg: str):
         super().__init__(msg)
         self.key, self.msg = key, msg
-
-
-def _key_error(key: str, msg: str) -> _KeyError:
-    return _KeyError(key, msg)
 
 
 # ---------------------------------------------------------------------------------------------
