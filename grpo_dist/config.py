@@ -141,6 +141,10 @@ class AlgoConfig(Section):
     mask_truncated: bool = Field(False, description="Mask truncated completions out of the loss.")
     top_entropy_frac: float = Field(1.0, gt=0, le=1, description="Train only on this top fraction of completion "
                                     "tokens by policy entropy (1 = all tokens; 0.2 = the 80/20 'forking tokens' rule).")
+    ref_refresh_every: int = Field(0, ge=0, description="Mix the policy into the KL reference every k steps "
+                                   "(0 = never; TRL sync_ref_model). Needs beta > 0 and kl_reference: ref.")
+    ref_refresh_mix: float = Field(1.0, gt=0, le=1, description="Weight of the policy in a refresh: "
+                                   "ref <- mix * policy + (1 - mix) * ref (1 = copy the policy).")
 
     @model_validator(mode="before")
     @classmethod
@@ -249,6 +253,10 @@ class Config(Section):
         if self.rollout.max_tokens >= self.model.max_model_len:
             raise _KeyError("rollout.max_tokens", f"{self.rollout.max_tokens} leaves no room for the prompt "
                              f"within model.max_model_len {self.model.max_model_len}")
+        a = self.algo
+        if a.ref_refresh_every and not (a.beta > 0 and a.kl_reference == "ref"):
+            raise _KeyError("algo.ref_refresh_every", "refreshes the KL reference, but there is none "
+                             f"(algo.beta={a.beta:g}, algo.kl_reference={a.kl_reference}); set beta > 0 and kl_reference: ref")
         if not self.reward.functions:
             raise _KeyError("reward.functions", "at least one reward function is needed")
         if max(self.eval.pass_k) > self.eval.samples_per_prompt:

@@ -111,6 +111,10 @@ class Trainer:
             stats = w.learner.get(w.learner.call_each("train_step", [(batch.shard(r, k),) for r in range(k)]))
         m.update(stats[0])
         self._check_finite(stats[0], "the learner (nothing was synced)")
+        every = cfg.algo.ref_refresh_every
+        if every and (self.step + 1) % every == 0:  # the KL reference <- mix of policy and reference
+            with t("ref_refresh"):
+                m.update(w.learner.get(w.learner.call("refresh_reference"))[0])
         with t("sync"):
             sync_m = self.sync()
         m.update(sync_m)

@@ -42,3 +42,23 @@ def pretrained_model_dir() -> Path:
     if not (out / INFO_FILE).is_file():
         make_tiny_model(str(out), size="tiny", seed=0, pretrain_task="add", log=None)
     return out
+
+
+@pytest.fixture(scope="module")
+def in_process_learners():
+    """For modules that build Learners in this process (``learner.testing.make_learner``): one
+    torch thread -- tiny matmuls on 2 shared cores: OpenMP sync across 2 threads costs ~10 ms per
+    op when the machine is busy, 1 thread ~20 us -- and, afterwards, the world-1 process group
+    those learners shared is destroyed and the thread count restored."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        import deepspeed.comm
+
+        deepspeed.comm.destroy_process_group()

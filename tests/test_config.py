@@ -81,6 +81,10 @@ def test_overrides_parse_yaml_values():
     (["--reward.functions", "[]"], "reward.functions", "at least one"),
     (["--eval.pass_k", "[1, 64]"], "eval.pass_k", "samples_per_prompt"),
     (["--algo.kl_kind", "k9"], "algo.kl_kind", "k3"),
+    (["--algo.ref_refresh_every", "5", "--algo.beta", "0"], "algo.ref_refresh_every", "beta > 0"),
+    (["--algo.ref_refresh_every", "5", "--algo.preset", "dapo"], "algo.ref_refresh_every", "there is none"),
+    (["--algo.ref_refresh_mix", "0"], "algo.ref_refresh_mix", "greater than 0"),
+    (["--algo.ref_refresh_mix", "1.5"], "algo.ref_refresh_mix", "less than or equal to 1"),
 ])
 def test_bad_config_is_one_line_naming_the_key(overrides, key, words):
     with pytest.raises(ConfigError) as e:

@@ -14,38 +14,12 @@ import pytest
 import torch
 
 from grpo_dist.algo import grpo_loss
-from grpo_dist.learner.testing import random_batch, randomize_lora, small_config
+from grpo_dist.learner.testing import make_learner, random_batch, randomize_lora, small_config
 from grpo_dist.types import TrainBatch
 
-_PORT = 29517  # one world-1 process group for every learner of this process
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny matmuls on 2 shared cores: OpenMP sync across 2 threads costs ~10 ms per op when the
-    machine is busy, 1 thread ~20 us. Restored afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-    import torch.distributed as dist
-
-    if dist.is_initialized():  # the world-1 group all learners of this module shared
-        import deepspeed.comm
-
-        deepspeed.comm.destroy_process_group()
-
-
+pytestmark = pytest.mark.usefixtures("in_process_learners")
 make_cfg = small_config
 make_batch = random_batch
-
-
-def make_learner(cfg):
-    from grpo_dist.learner import Learner
-
-    learner = Learner(cfg, rank=0, world_size=1, master_port=_PORT)
-    info = learner.setup()
-    return learner, info
 
 
 @pytest.fixture(scope="module")
@@ -341,3 +315,32 @@ def test_collate_alignment():
         assert [tgt[r, c.index[r, j]].item() for j in range(len(comp))] == comp
     assert c.mask.tolist() == [[1, 0, 0], [1, 1, 1]] and c.valid.tolist() == [[True, True, False], [True] * 3]
     assert c.behaviour_logp.tolist() == [[-1.0, -2.0, 0.0], [-3.0, -4.0, -5.0]]
+
+
+@pytest.fixture(scope="module")
+def zero0_run(tiny_model_dir):
+    return _two_steps_and_refresh(tiny_model_dir, 0)
+
+
+def _two_steps_and_refresh(model_dir, stage):
+    learner, _ = make_learner(make_cfg(model_dir, learner=dict(zero_stage=stage),
+                                       algo=dict(beta=0.04, ref_refresh_every=1)))
+    batch = make_batch(8, seed=31)
+    metrics = [learner.train_step(batch), learner.train_step(batch)]
+    learner.refresh_reference(1.0)
+    metrics.append(learner.train_step(batch))
+    return metrics, learner.export_update()
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_stages_train_like_stage_0(zero0_run, tiny_model_dir, stage):
+    """ZeRO 1-3 (optimizer / gradient / parameter partitioning, one rank here): the same losses,
+    the same adapter after 3 updates, and the reference refresh and export work with partitioned
+    parameters (stage 3 gathers them)."""
+    (m0, up0), (m, up) = zero0_run, _two_steps_and_refresh(tiny_model_dir, stage)
+    for a, b in zip(m0, m):
+        assert b["train/loss"] == pytest.approx(a["train/loss"], abs=1e-6)
+    assert m[1]["train/kl"] > 1e-4 and m[2]["train/kl"] == pytest.approx(0.0, abs=1e-9)
+    assert up.version == up0.version == 3 and set(up.tensors) == set(up0.tensors)
+    for k in up0.tensors:
+        torch.testing.assert_close(up.tensors[k], up0.tensors[k], rtol=0, atol=1e-5)

@@ -104,6 +104,22 @@ def test_dynamic_sampling_with_zero_extra_rounds_keeps_everything(ray_cluster, p
         trainer.close()
 
 
+def test_reference_refresh_every_k_steps(ray_cluster, pretrained_model_dir, tmp_path):
+    """algo.ref_refresh_every: 2 with mix 1: the step after a refresh starts from policy ==
+    reference (KL 0), the step before it does not; the counter goes up on steps 2 and 4."""
+    trainer = run_trainer(pretrained_model_dir, tmp_path, {
+        "algo": {"ref_refresh_every": 2}, "trainer": {"steps": 4, "eval_before_after": False}})
+    try:
+        h = trainer.history
+        assert [x["train/ref_refreshes"] for x in h] == [0.0, 1.0, 1.0, 2.0]
+        assert h[0]["train/kl"] == pytest.approx(0.0, abs=1e-9)  # step 1: policy == base == reference
+        assert h[1]["train/kl"] > 1e-7  # step 2: the policy moved away from the base
+        assert h[2]["train/kl"] == pytest.approx(0.0, abs=1e-9)  # step 3: reference refreshed after step 2
+        assert all("timing/ref_refresh" in h[i] for i in (1, 3)) and "timing/ref_refresh" not in h[2]
+    finally:
+        trainer.close()
+
+
 def test_dead_rollout_actor_stops_the_run_with_a_clear_error(ray_cluster, pretrained_model_dir, tmp_path):
     import ray
 

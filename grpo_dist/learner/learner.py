@@ -14,27 +14,24 @@ gradient of that whole-batch loss (no division by the accumulation steps either)
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import time
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
 from grpo_dist.algo import entropy_from_logits, masked_mean, selective_log_softmax
 from grpo_dist.config import Config
-from grpo_dist.types import AdapterUpdate, TrainBatch
+from grpo_dist.types import TrainBatch
 
 from .batching import Collated, collate, gather_completion, micro_batch_rows
 from .loss import compute_loss
 from .optim import deepspeed_config, gradient_accumulation_steps, make_scheduler_factory
-from .state import MetricAccumulator, cpu_copies, global_norm, json_safe, strip_prefixes
+from .reference import Reference
+from .weights_io import WeightsIO
+from .state import MetricAccumulator, cpu_copies, global_norm, strip_prefixes
 
-_STATE_KEY = "grpo_dist_learner"
-
-
-class Learner:
+class Learner(WeightsIO):
     """DeepSpeed + PEFT GRPO learner (one data-parallel rank)."""
 
     def __init__(self, cfg: Config, rank: int = 0, world_size: int = 1, master_addr: str = "127.0.0.1",
@@ -45,7 +42,7 @@ class Learner:
         self.local_rank = local_rank
         self.engine = None
         self.device = torch.device("cpu")
-        self._ref_model = None  # full fine-tuning with a KL to the reference only
+        self.reference: Optional[Reference] = None
         self._version = 0
         self._pad_id = 0
         self._gas = 1
@@ -92,8 +89,7 @@ class Learner:
             lcfg = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
                               target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM")
             model = get_peft_model(model, lcfg)
-        elif self._needs_ref():
-            self._ref_model = copy.deepcopy(model).to(self.device).eval().requires_grad_(False)
+        self.reference = Reference(model, lora=cfg.lora.enabled, needs_copy=self._needs_ref(), device=self.device)
         params = [p for p in model.parameters() if p.requires_grad]
         self._gas = gradient_accumulation_steps(cfg, self.world_size)
         self.engine, _, _, _ = deepspeed.initialize(
@@ -159,10 +155,8 @@ class Learner:
         with self._eval_mode():
             if not reference:
                 return self._forward(mb, self.engine.module)[0]
-            if self._ref_model is not None:
-                return self._forward(mb, self._ref_model)[0]
-            with self.engine.module.disable_adapter():
-                return self._forward(mb, self.engine.module)[0]
+            with self.reference.active(self.engine.module) as ref:
+                return self._forward(mb, ref)[0]
 
     def _collate(self, batch: TrainBatch, rows: Optional[range] = None) -> Collated:
         return collate(batch, rows, self._pad_id).to(self.device)
@@ -179,10 +173,8 @@ class Learner:
         return out
 
     def reference_logprobs(self, batch: TrainBatch) -> list[list[float]]:
-        """Per-completion-token log-probs of the reference (adapter disabled / frozen copy)."""
+        """Per-completion-token log-probs of the reference (see ``reference.py``)."""
         self._require_setup()
-        if not self.cfg.lora.enabled and self._ref_model is None:
-            raise RuntimeError("full fine-tuning keeps a reference copy only when algo.beta > 0")
         mb = self._collate(batch)
         logp = self._logprobs_nograd(mb, reference=True).cpu()
         return [logp[r, :n].tolist() for r, n in enumerate(mb.lengths)]
@@ -256,6 +248,7 @@ class Learner:
             "train/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
             "train/lr": lr, "train/tokens": global_tokens, "train/sequences": global_seqs,
             "train/version": float(self._version),
+            **({"train/ref_refreshes": float(self.reference.refreshes)} if self.cfg.algo.ref_refresh_every else {}),
             **({"train/entropy_selected_frac": selected} if selected is not None else {}),
             # NaN/inf here means the update broke the weights: the driver stops before syncing them
             **({"train/param_norm": global_norm(self._trainable())} if self.cfg.learner.zero_stage < 3 else {}),
@@ -338,75 +331,13 @@ class Learner:
             out["ref_logp"] = self._logprobs_nograd(mb, reference=True)
         return out
 
-    # ------------------------------------------------------------------ weights out
-    def _gathered(self, params: list[torch.nn.Parameter]):
-        if self.cfg.learner.zero_stage == 3:
-            import deepspeed
-
-            return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
-        return contextlib.nullcontext()
-
-    def export_update(self) -> Optional[AdapterUpdate]:
-        """Current weights for the rollout workers (call on every rank; rank 0 returns them)."""
+    def refresh_reference(self, mix: Optional[float] = None) -> dict[str, float]:
+        """Mix the current policy into the KL reference (``algo.ref_refresh_mix`` unless given);
+        every rank must call it. The policy and the rollout workers are untouched."""
         self._require_setup()
-        module = self.engine.module
-        if self.cfg.lora.enabled:
-            from peft import get_peft_model_state_dict
-
-            with self._gathered(self._trainable()):
-                tensors = cpu_copies(get_peft_model_state_dict(module).items()) if self.rank == 0 else None
-            peft_config = json_safe(module.peft_config["default"].to_dict())
-        else:
-            with self._gathered(list(module.parameters())):
-                tensors = (cpu_copies((strip_prefixes(k), v) for k, v in module.state_dict().items())
-                           if self.rank == 0 else None)
-            peft_config = None
-        if self.rank != 0:
-            return None
-        return AdapterUpdate(version=self._version, tensors=tensors, peft_config=peft_config)
-
-    def save_adapter(self, out_dir: str | os.PathLike) -> None:
-        """PEFT adapter dir (LoRA) or a full HF model dir + tokenizer; rank 0 writes."""
-        self._require_setup()
-        module = self.engine.module
-        params = self._trainable() if self.cfg.lora.enabled else list(module.parameters())
-        with self._gathered(params):
-            if self.rank == 0:
-                Path(out_dir).mkdir(parents=True, exist_ok=True)
-                module.save_pretrained(str(out_dir))
-                if not self.cfg.lora.enabled:
-                    from transformers import AutoTokenizer
-
-                    AutoTokenizer.from_pretrained(self.cfg.model.path).save_pretrained(str(out_dir))
-        self._barrier()
-
-    def _barrier(self) -> None:
-        if self.world_size > 1:
-            import torch.distributed as dist
-
-            dist.barrier()
-
-    # ------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, ckpt_dir: str | os.PathLike, client_state: Optional[dict] = None) -> None:
-        """DeepSpeed checkpoint (trainable weights, optimizer, scheduler, steps) + ``adapter/``.
-        Every rank must call it."""
-        self._require_setup()
-        # DeepSpeed returns its own keys (ds_config, ...) mixed into the client state on load: keep
-        # ours under one key.
-        state = {_STATE_KEY: {"version": self._version, "client_state": dict(client_state or {})}}
-        self.engine.save_checkpoint(str(ckpt_dir), client_state=state,
-                                    exclude_frozen_parameters=self.cfg.lora.enabled)
-        self.save_adapter(Path(ckpt_dir) / "adapter")
-
-    def load_checkpoint(self, ckpt_dir: str | os.PathLike) -> dict:
-        """Restore a ``save_checkpoint`` directory; returns the client_state given to it."""
-        self._require_setup()
-        path, client = self.engine.load_checkpoint(str(ckpt_dir), load_module_strict=not self.cfg.lora.enabled)
-        if path is None:
-            raise FileNotFoundError(f"no DeepSpeed checkpoint found in {ckpt_dir}")
-        ours = (client or {}).get(_STATE_KEY, {})
-        self._version = int(ours.get("version", self.engine.global_steps))
-        return dict(ours.get("client_state", {}))
+        mix = self.cfg.algo.ref_refresh_mix if mix is None else float(mix)
+        self.reference.refresh(self.engine.module, mix, self._gathered)
+        return {"train/ref_refreshes": float(self.reference.refreshes), "train/ref_rank": float(self.reference.rank)}
 
     def shutdown(self) -> None:
         """Drop the engine and destroy the process group (through DeepSpeed, which also forgets its
@@ -414,7 +345,7 @@ class Learner:
         import torch.distributed as dist
 
         self.engine = None
-        self._ref_model = None
+        self.reference = None
         if dist.is_available() and dist.is_initialized():
             import deepspeed.comm
 

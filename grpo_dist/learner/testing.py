@@ -26,6 +26,18 @@ def small_config(model_dir, *, algo=None, learner=None, lora=None, rollout=None,
     ))
 
 
+IN_PROCESS_PORT = 29517  # one world-1 process group for every in-process learner of a test module
+
+
+def make_learner(cfg: Config):
+    """A world-1 learner in this process, set up; returns ``(learner, setup info)``."""
+    from grpo_dist.learner import Learner
+
+    learner = Learner(cfg, rank=0, world_size=1, master_port=IN_PROCESS_PORT)
+    info = learner.setup()
+    return learner, info
+
+
 def random_batch(n: int = 8, seed: int = 0, advantages: Optional[list[float]] = None,
                  vocab: tuple[int, int] = (4, 100)) -> TrainBatch:
     """Ragged prompts (BOS + 2..6 tokens) and completions (1..8 tokens) of random token ids."""
