@@ -10,7 +10,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export HF_HUB_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup test test-fast demo bench clean-runs
+.PHONY: setup test test-fast demo bench bench-pipeline clean-runs
 
 setup: $(STAMP)
 
@@ -37,6 +37,9 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/logprobs.py
+
+bench-pipeline: $(STAMP)
+	$(PY) benchmarks/pipeline.py --rollout.num_workers 1
 
 clean-runs:
 	rm -rf runs

@@ -35,10 +35,12 @@ def _rng_state() -> dict[str, Any]:
     return {"python": [version, list(internal), gauss], "torch_seed": int(torch.initial_seed())}
 
 
-def save(cfg: Config, workers, step: int, stream) -> Path:
+def save(cfg: Config, workers, step: int, data_state: dict) -> Path:
+    """``data_state``: the prompt stream's position to resume from (before any prompts already
+    taken for rollouts that no step has trained on yet)."""
     out = step_dir(cfg, step)
     out.mkdir(parents=True, exist_ok=True)
-    state = {"step": step, "data": stream.state_dict(), "rng": _rng_state()}
+    state = {"step": step, "data": data_state, "rng": _rng_state()}
     lg = workers.learner
     lg.get(lg.call("save_checkpoint", str(out), {"step": step}))
     (out / STATE_FILE).write_text(json.dumps(state, indent=1))  # written last: marks it complete

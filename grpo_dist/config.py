@@ -213,6 +213,8 @@ class TrainerConfig(Section):
     seed: int = Field(0, description="Global seed.")
     eval_every: int = Field(0, ge=0, description="Evaluate every k steps (0 = only before and after).")
     eval_before_after: bool = Field(True, description="Evaluate held-out accuracy before and after training.")
+    async_rollouts: bool = Field(False, description="Generate the next batch while the learner trains on this one "
+                                 "(one version stale; the ratio uses the rollout engine's log-probs as pi_old).")
 
 
 class EvalConfig(Section):
@@ -257,6 +259,9 @@ class Config(Section):
         if a.ref_refresh_every and not (a.beta > 0 and a.kl_reference == "ref"):
             raise _KeyError("algo.ref_refresh_every", "refreshes the KL reference, but there is none "
                              f"(algo.beta={a.beta:g}, algo.kl_reference={a.kl_reference}); set beta > 0 and kl_reference: ref")
+        if self.trainer.async_rollouts and (self.rollout.top_p < 1.0 or self.rollout.top_k > 0):
+            raise _KeyError("trainer.async_rollouts", "needs the engine's log-probs of the full distribution for "
+                             "the importance ratio; top_p < 1 / top_k > 0 renormalise them (use top_p 1, top_k -1)")
         if not self.reward.functions:
             raise _KeyError("reward.functions", "at least one reward function is needed")
         if max(self.eval.pass_k) > self.eval.samples_per_prompt:

@@ -1,4 +1,8 @@
-"""The driver: generate -> score -> advantages -> learn -> sync, strictly on-policy.
+"""The driver: generate -> score -> advantages -> learn -> sync.
+
+Strictly on-policy by default. With ``trainer.async_rollouts`` the next batch is generated (with
+the weights of version v) while the learner makes version v+1 from this one: rollouts are one
+version stale and the learner takes the rollout engine's log-probs as pi_old in the ratio.
 
 Reads like the algorithm; everything else lives in ``batch`` (pure shaping/advantages),
 ``cluster`` (Ray), ``evaluation``, ``checkpoint`` and ``monitor``.
@@ -39,6 +43,9 @@ class Trainer:
         self.workers: Workers | None = None
         self.step = 0
         self.history: list[dict[str, float]] = []  # per-step metrics of this process's steps
+        self.version = 0  # adapter version the rollout workers hold
+        self._prefetched: list | None = None  # async: groups generated during the last learn
+        self._prefetch_data: dict | None = None  # async: the stream position before them
 
     # ---------------------------------------------------------------- set-up
     def setup(self) -> dict[str, Any]:
@@ -58,7 +65,8 @@ class Trainer:
 
     # ---------------------------------------------------------------- one step
     def collect(self, t: "StepTimer") -> tuple[list, RewardResult, dict[str, float]]:
-        """Generate and score; with dynamic sampling, drop zero-spread groups and refill (bounded)."""
+        """Generate (or take the prefetched groups) and score; with dynamic sampling, drop
+        zero-spread groups and refill (bounded)."""
         cfg, w, G = self.cfg, self.workers, self.cfg.rollout.group_size
         want = cfg.rollout.prompts_per_step
         kept: list = []
@@ -67,9 +75,11 @@ class Trainer:
         errors: dict[str, int] = {}
         rounds = seen = 0
         while True:
-            records = self.stream.next_batch(want - len(kept))
-            with t("generate"):
-                groups = dispatch.generate(w.rollout, records)
+            if self._prefetched is not None:
+                groups, self._prefetched, self._prefetch_data = self._prefetched, None, None
+            else:
+                with t("generate"):
+                    groups = dispatch.generate(w.rollout, self.stream.next_batch(want - len(kept)))
             with t("score"):
                 scores = dispatch.score(w.reward, groups)
             seen += len(groups)
@@ -98,6 +108,7 @@ class Trainer:
         versions = {r["version"] for r in results}
         if len(versions) != 1:
             raise TrainingError(f"rollout workers disagree on the adapter version: {sorted(versions)}")
+        self.version = next(iter(versions))
         return {"sync/bytes": float(results[0]["bytes"]), "sync/seconds": max(r["seconds"] for r in results),
                 "sync/version": float(versions.pop())}
 
@@ -106,6 +117,8 @@ class Trainer:
         groups, scores, m = self.collect(t)
         batch, rollout_m = build_batch(groups, scores, cfg.rollout.group_size, cfg.algo, cfg.rollout.max_tokens)
         m.update(rollout_m)
+        m["rollout/staleness"] = sum(self.version - v for v in batch.adapter_versions) / max(1, len(batch))
+        pending = self._prefetch() if cfg.trainer.async_rollouts and self.step + 1 < cfg.trainer.steps else None
         with t("learn"):
             k = len(w.learner)
             stats = w.learner.get(w.learner.call_each("train_step", [(batch.shard(r, k),) for r in range(k)]))
@@ -115,6 +128,9 @@ class Trainer:
         if every and (self.step + 1) % every == 0:  # the KL reference <- mix of policy and reference
             with t("ref_refresh"):
                 m.update(w.learner.get(w.learner.call("refresh_reference"))[0])
+        if pending is not None:  # the generation that overlapped the update: wait for it, then sync
+            with t("generate_wait"):
+                self._prefetched = dispatch.collect_generate(w.rollout, pending)
         with t("sync"):
             sync_m = self.sync()
         m.update(sync_m)
@@ -124,6 +140,16 @@ class Trainer:
         self._check_finite(m, "this step")
         self._last_samples, self.last_batch = (groups, scores), batch
         return m
+
+    def _prefetch(self) -> list:
+        """Start generating the next step's prompts with the current weights (returns Ray refs)."""
+        self._prefetch_data = self.stream.state_dict()
+        records = self.stream.next_batch(self.cfg.rollout.prompts_per_step)
+        return dispatch.submit_generate(self.workers.rollout, records)
+
+    def _data_state(self) -> dict:
+        """Where a resumed run continues: before prompts generated but not yet trained on."""
+        return self._prefetch_data if self._prefetch_data is not None else self.stream.state_dict()
 
     def _check_finite(self, metrics: dict[str, float], where: str) -> None:
         bad = non_finite(metrics)
@@ -151,9 +177,9 @@ class Trainer:
                 self.monitor.log_table("samples", SAMPLE_COLUMNS, sample_rows(*self._last_samples,
                                        cfg.logging.sample_table_rows), self.step)
             if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
-                checkpoint.save(cfg, self.workers, self.step, self.stream)
+                checkpoint.save(cfg, self.workers, self.step, self._data_state())
         after = self.evaluate() if before is not None else None
-        checkpoint.save(cfg, self.workers, self.step, self.stream)
+        checkpoint.save(cfg, self.workers, self.step, self._data_state())
         adapter_dir = self.out / "adapter"
         self.workers.learner.get([self.workers.learner.actors[0].save_adapter.remote(str(adapter_dir))])
         return self.finish(before, after, metrics, adapter_dir, time.perf_counter() - t0)
@@ -164,7 +190,8 @@ class Trainer:
     def finish(self, before, after, metrics, adapter_dir, wall) -> dict[str, Any]:
         summary: dict[str, Any] = {"steps": self.step, "wall_seconds": wall, "adapter_dir": str(adapter_dir),
                                    "wandb_dir": getattr(self.monitor, "wandb_dir", None), "final_metrics": metrics,
-                                   "reward_curve": [h.get("rollout/reward_mean") for h in self.history]}
+                                   "reward_curve": [h.get("rollout/reward_mean") for h in self.history],
+                                   "mean_timing": self._mean_timing()}
         for name, rep in (("before", before), ("after", after)):
             if rep is not None:
                 summary[f"sampled_accuracy_{name}"] = rep["sampled_accuracy"]
@@ -174,6 +201,11 @@ class Trainer:
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
         self.monitor.summary({k: v for k, v in summary.items() if not isinstance(v, dict)})
         return summary
+
+    def _mean_timing(self) -> dict[str, float]:
+        """Mean seconds per step of each phase (over the steps that had it) and tokens/s."""
+        keys = sorted({k for h in self.history for k in h if k.startswith(("timing/", "perf/"))})
+        return {k: sum(h[k] for h in self.history if k in h) / sum(1 for h in self.history if k in h) for k in keys}
 
     def close(self) -> None:
         if self.monitor is not None:

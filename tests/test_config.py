@@ -83,6 +83,7 @@ def test_overrides_parse_yaml_values():
     (["--algo.kl_kind", "k9"], "algo.kl_kind", "k3"),
     (["--algo.ref_refresh_every", "5", "--algo.beta", "0"], "algo.ref_refresh_every", "beta > 0"),
     (["--algo.ref_refresh_every", "5", "--algo.preset", "dapo"], "algo.ref_refresh_every", "there is none"),
+    (["--trainer.async_rollouts", "true", "--rollout.top_p", "0.9"], "trainer.async_rollouts", "top_p"),
     (["--algo.ref_refresh_mix", "0"], "algo.ref_refresh_mix", "greater than 0"),
     (["--algo.ref_refresh_mix", "1.5"], "algo.ref_refresh_mix", "less than or equal to 1"),
 ])

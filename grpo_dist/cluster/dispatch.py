@@ -14,11 +14,23 @@ def split(items: list[Any], parts: int) -> list[list[Any]]:
     return [items[n * i // parts: n * (i + 1) // parts] for i in range(parts)]
 
 
+def submit_generate(rollout: ActorGroup, records: list[Any], **kwargs) -> list[Any]:
+    """Start generating (prompts sharded over the rollout workers); returns the Ray refs.
+
+    Each actor runs its calls in order, so a weight update submitted after this call is applied
+    after this generation (the rollouts keep the version they were started with)."""
+    shards = split(records, len(rollout))
+    return [a.generate.remote(s, **kwargs) for a, s in zip(rollout.actors, shards) if s]
+
+
+def collect_generate(rollout: ActorGroup, refs: list[Any]) -> list[RolloutGroup]:
+    """Wait for :func:`submit_generate`'s refs; groups come back in prompt order."""
+    return [g for part in rollout.get(refs) for g in part]
+
+
 def generate(rollout: ActorGroup, records: list[Any], **kwargs) -> list[RolloutGroup]:
     """Prompts sharded over the rollout workers; groups come back in prompt order."""
-    shards = split(records, len(rollout))
-    refs = [a.generate.remote(s, **kwargs) for a, s in zip(rollout.actors, shards) if s]
-    return [g for part in rollout.get(refs) for g in part]
+    return collect_generate(rollout, submit_generate(rollout, records, **kwargs))
 
 
 def score(reward: ActorGroup, groups: list[RolloutGroup]) -> RewardResult:

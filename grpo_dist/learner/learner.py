@@ -51,7 +51,7 @@ class Learner(WeightsIO):
         # num_iterations == 1 (ratio 1, strictly on-policy), else recomputed once before the first
         # update. "behaviour": the rollout engine's log-probs (batch.behaviour_logprobs), for the
         # importance-sampling correction of stale (async) rollouts.
-        self.old_logp_source = "policy"
+        self.old_logp_source = "behaviour" if cfg.trainer.async_rollouts else "policy"
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> dict[str, Any]:
