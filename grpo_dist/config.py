@@ -189,6 +189,8 @@ class ClusterConfig(Section):
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field("PACK", description="Placement group strategy.")
     torch_threads: int = Field(1, gt=0, description="torch threads inside each actor (CPU runs).")
     actor_start_timeout_s: float = Field(600.0, gt=0, description="Fail if actors are not up by then (unsatisfiable resources).")
+    max_restarts: int = Field(3, ge=0, description="Dead rollout/reward actors replaced per run (work re-issued, "
+                              "weights restored) before the run stops; a dead learner always stops it.")
 
 
 class LoggingConfig(Section):

@@ -20,7 +20,8 @@ from grpo_dist import checkpoint
 from grpo_dist.batch import SAMPLE_COLUMNS, build_batch, sample_rows, zero_spread
 from grpo_dist.cluster import dispatch
 from grpo_dist.cluster.actors import Workers, start_workers
-from grpo_dist.cluster.ray_utils import check_resources, init_ray
+from grpo_dist.cluster.recovery import Recovery
+from grpo_dist.cluster.ray_utils import ClusterError, check_resources, init_ray
 from grpo_dist.config import Config
 from grpo_dist.data import PromptStream
 from grpo_dist.evaluation import eval_metrics, evaluate
@@ -58,6 +59,7 @@ class Trainer:
         check_resources(cfg)
         self.monitor = self.monitor or make_monitor(cfg)
         self.workers, info = start_workers(cfg)
+        self.recovery = Recovery(cfg, self.workers, lambda: self._export() if self.version > 0 else None)
         if cfg.checkpoint.resume:
             self.step = checkpoint.restore(cfg, self.workers, self.stream)
             self.sync()
@@ -79,9 +81,9 @@ class Trainer:
                 groups, self._prefetched, self._prefetch_data = self._prefetched, None, None
             else:
                 with t("generate"):
-                    groups = dispatch.generate(w.rollout, self.stream.next_batch(want - len(kept)))
+                    groups = self.recovery.run(dispatch.generate, w.rollout, self.stream.next_batch(want - len(kept)))
             with t("score"):
-                scores = dispatch.score(w.reward, groups)
+                scores = self.recovery.run(dispatch.score, w.reward, groups)
             seen += len(groups)
             for k, v in scores.errors.items():
                 errors[k] = errors.get(k, 0) + v
@@ -103,7 +105,7 @@ class Trainer:
     def sync(self) -> dict[str, float]:
         """Learner rank 0 exports version v+1; every rollout worker loads it."""
         w = self.workers
-        update = w.learner.actors[0].export_update.remote()
+        update = self._export()
         results = w.rollout.get(w.rollout.call("load_update", update))
         versions = {r["version"] for r in results}
         if len(versions) != 1:
@@ -111,6 +113,13 @@ class Trainer:
         self.version = next(iter(versions))
         return {"sync/bytes": float(results[0]["bytes"]), "sync/seconds": max(r["seconds"] for r in results),
                 "sync/version": float(versions.pop())}
+
+    def _export(self):
+        """A Ray ref to the learner's current weights (ZeRO-3 ranks all gather; rank 0 returns)."""
+        lg = self.workers.learner
+        if self.cfg.learner.zero_stage == 3 and len(lg) > 1:
+            return lg.call("export_update")[0]
+        return lg.actors[0].export_update.remote()
 
     def train_step(self) -> dict[str, float]:
         cfg, w, t = self.cfg, self.workers, StepTimer()
@@ -130,22 +139,30 @@ class Trainer:
                 m.update(w.learner.get(w.learner.call("refresh_reference"))[0])
         if pending is not None:  # the generation that overlapped the update: wait for it, then sync
             with t("generate_wait"):
-                self._prefetched = dispatch.collect_generate(w.rollout, pending)
+                self._prefetched = self._collect_prefetch(*pending)
         with t("sync"):
             sync_m = self.sync()
         m.update(sync_m)
         m.update(t.metrics())
+        m["cluster/restarts"] = float(self.recovery.restarts)
         tokens = sum(len(c) for c in batch.completion_ids)
         m["perf/tokens_per_s"] = tokens / max(1e-9, m["timing/step"])
         self._check_finite(m, "this step")
         self._last_samples, self.last_batch = (groups, scores), batch
         return m
 
-    def _prefetch(self) -> list:
-        """Start generating the next step's prompts with the current weights (returns Ray refs)."""
+    def _prefetch(self) -> tuple[list, list]:
+        """Start generating the next step's prompts with the current weights."""
         self._prefetch_data = self.stream.state_dict()
         records = self.stream.next_batch(self.cfg.rollout.prompts_per_step)
-        return dispatch.submit_generate(self.workers.rollout, records)
+        return records, dispatch.submit_generate(self.workers.rollout, records)
+
+    def _collect_prefetch(self, records: list, pending: list) -> list:
+        try:
+            return dispatch.collect_generate(self.workers.rollout, pending)
+        except ClusterError as e:  # a rollout actor died mid-generation: replace it, generate again
+            self.recovery.handle(e)
+            return self.recovery.run(dispatch.generate, self.workers.rollout, records)
 
     def _data_state(self) -> dict:
         """Where a resumed run continues: before prompts generated but not yet trained on."""

@@ -171,13 +171,47 @@ def test_dead_rollout_actor_stops_the_run_with_a_clear_error(ray_cluster, pretra
 
     from grpo_dist.cluster.ray_utils import ClusterError
 
-    trainer = run_trainer(pretrained_model_dir, tmp_path, {"rollout": {"num_workers": 2}, "trainer": {"steps": 1}})
+    trainer = run_trainer(pretrained_model_dir, tmp_path, {"rollout": {"num_workers": 2}, "trainer": {"steps": 1},
+                                                           "cluster": {"max_restarts": 0}})
     try:
         ray.kill(trainer.workers.rollout.actors[1], no_restart=True)
         with pytest.raises(ClusterError) as e:
             trainer.train_step()
         msg = str(e.value)
         assert msg.startswith("rollout worker 1 died:") and "\n" not in msg
+        assert "cluster.max_restarts=0" in msg
+    finally:
+        trainer.close()
+
+
+def test_dead_actors_are_replaced_and_their_work_reissued(ray_cluster, pretrained_model_dir, tmp_path, caplog):
+    """A dead rollout actor and a dead reward actor are replaced at their ranks; the new rollout
+    actor serves the learner's current weights; the step completes on fresh completions; the
+    budget (cluster.max_restarts) is respected. A learner death is never 'recovered'."""
+    import ray
+
+    from grpo_dist.cluster.ray_utils import ClusterError
+
+    trainer = run_trainer(pretrained_model_dir, tmp_path, {
+        "rollout": {"num_workers": 2}, "trainer": {"steps": 2}, "cluster": {"max_restarts": 2}})
+    try:
+        w = trainer.workers
+        old = w.rollout.actors[1]
+        ray.kill(old, no_restart=True)
+        ray.kill(w.reward.actors[0], no_restart=True)
+        with caplog.at_level("WARNING", logger="grpo_dist.cluster"):
+            m = trainer.train_step()
+        assert m["cluster/restarts"] == 2 and w.rollout.actors[1] is not old
+        assert sum("replacing it" in r.getMessage() for r in caplog.records) == 2
+        health = ray.get([a.health.remote() for a in w.rollout.actors])
+        assert [h["version"] for h in health] == [3, 3] == [int(m["sync/version"])] * 2
+        assert m["rollout/num_completions"] == 16
+        # the replacement generated with the weights of version 2 (restored), like its peer
+        assert set(trainer.last_batch.adapter_versions) == {2}
+
+        ray.kill(w.rollout.actors[0], no_restart=True)  # budget used up: a clear stop
+        with pytest.raises(ClusterError, match=r"rollout worker 0 died: .*max_restarts=2"):
+            trainer.train_step()
     finally:
         trainer.close()
 

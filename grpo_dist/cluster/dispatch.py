@@ -14,18 +14,20 @@ def split(items: list[Any], parts: int) -> list[list[Any]]:
     return [items[n * i // parts: n * (i + 1) // parts] for i in range(parts)]
 
 
-def submit_generate(rollout: ActorGroup, records: list[Any], **kwargs) -> list[Any]:
-    """Start generating (prompts sharded over the rollout workers); returns the Ray refs.
+def submit_generate(rollout: ActorGroup, records: list[Any], **kwargs) -> list[tuple[int, Any]]:
+    """Start generating (prompts sharded over the rollout workers); returns ``(rank, Ray ref)``
+    pairs.
 
     Each actor runs its calls in order, so a weight update submitted after this call is applied
     after this generation (the rollouts keep the version they were started with)."""
     shards = split(records, len(rollout))
-    return [a.generate.remote(s, **kwargs) for a, s in zip(rollout.actors, shards) if s]
+    return [(i, a.generate.remote(s, **kwargs)) for i, (a, s) in enumerate(zip(rollout.actors, shards)) if s]
 
 
-def collect_generate(rollout: ActorGroup, refs: list[Any]) -> list[RolloutGroup]:
+def collect_generate(rollout: ActorGroup, pending: list[tuple[int, Any]]) -> list[RolloutGroup]:
     """Wait for :func:`submit_generate`'s refs; groups come back in prompt order."""
-    return [g for part in rollout.get(refs) for g in part]
+    parts = rollout.get([r for _, r in pending], ranks=[i for i, _ in pending])
+    return [g for part in parts for g in part]
 
 
 def generate(rollout: ActorGroup, records: list[Any], **kwargs) -> list[RolloutGroup]:
@@ -37,17 +39,18 @@ def score(reward: ActorGroup, groups: list[RolloutGroup]) -> RewardResult:
     """Completions (flattened, groups contiguous) sharded over the reward workers."""
     flat = [r for g in groups for r in g.rollouts]
     shards = split(flat, len(reward))
-    refs = []
-    for a, s in zip(reward.actors, shards):
+    refs, ranks = [], []
+    for i, (a, s) in enumerate(zip(reward.actors, shards)):
         if not s:
             continue
+        ranks.append(i)
         cols: dict[str, list] = {}
         keys = sorted({k for r in s for k in r.columns})
         for k in keys:
             cols[k] = [r.columns.get(k) for r in s]
         cols["completion_ids"] = [r.completion_ids for r in s]
         refs.append(a.score.remote([r.prompt for r in s], [r.completion for r in s], cols))
-    parts: list[RewardResult] = reward.get(refs)
+    parts: list[RewardResult] = reward.get(refs, ranks=ranks)
     total, per_fn, errors = [], {}, {}
     for p in parts:
         total.extend(p.total)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from dataclasses import dataclass
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -22,7 +22,15 @@ log = logging.getLogger("grpo_dist.cluster")
 
 
 class ClusterError(RuntimeError):
-    """A worker died, failed or could not be placed; the message names which."""
+    """A worker died, failed or could not be placed; the message names which.
+
+    ``role`` / ``rank`` name the worker when known; ``dead`` is True when its process is gone
+    (a replacement may take over its work), False when it raised (a bug: retrying would repeat it).
+    """
+
+    def __init__(self, msg: str, role: Optional[str] = None, rank: Optional[int] = None, dead: bool = False):
+        super().__init__(msg)
+        self.role, self.rank, self.dead = role, rank, dead
 
 
 def init_ray(cfg: Config) -> dict[str, Any]:
@@ -68,15 +76,29 @@ class ActorGroup:
 
     role: str
     actors: list[Any]
+    factory: Optional[Callable[[int], Any]] = field(default=None, repr=False)  # a fresh actor for rank i
 
     @classmethod
     def create(cls, role: str, worker_cls: type, args_per_rank: Sequence[tuple], *, num_cpus: float,
                num_gpus: float = 0.0, max_concurrency: int = 1) -> "ActorGroup":
         remote_cls = ray.remote(worker_cls)
-        actors = [remote_cls.options(num_cpus=num_cpus, num_gpus=num_gpus, name=None,
-                                     max_concurrency=max_concurrency).remote(*args)
-                  for args in args_per_rank]
-        return cls(role, actors)
+        args_per_rank = list(args_per_rank)
+
+        def factory(rank: int):
+            return remote_cls.options(num_cpus=num_cpus, num_gpus=num_gpus, name=None,
+                                      max_concurrency=max_concurrency).remote(*args_per_rank[rank])
+
+        return cls(role, [factory(i) for i in range(len(args_per_rank))], factory)
+
+    def replace(self, rank: int) -> Any:
+        """Kill rank ``rank`` (if anything is left of it) and start a fresh actor in its place
+        (constructed, not set up)."""
+        try:
+            ray.kill(self.actors[rank])
+        except Exception:  # already gone
+            pass
+        self.actors[rank] = self.factory(rank)
+        return self.actors[rank]
 
     def __len__(self) -> int:
         return len(self.actors)
@@ -88,21 +110,24 @@ class ActorGroup:
     def call_each(self, method: str, per_rank_args: Sequence[tuple]) -> list[Any]:
         return [getattr(a, method).remote(*args) for a, args in zip(self.actors, per_rank_args)]
 
-    def get(self, refs: list[Any], timeout: float | None = None) -> list[Any]:
-        """``ray.get`` that turns a dead or failing actor into one clear ClusterError."""
+    def get(self, refs: list[Any], timeout: float | None = None, ranks: Optional[Sequence[int]] = None) -> list[Any]:
+        """``ray.get`` that turns a dead or failing actor into one clear ClusterError.
+
+        ``ranks``: the actor rank of each ref (default: ``refs`` has one ref per actor, in order)."""
         try:
             return ray.get(refs, timeout=timeout)
         except GetTimeoutError as e:
             raise ClusterError(f"{self.role}: no answer within {timeout:g} s (unsatisfiable resources "
                                f"or a hung worker)") from e
         except RayActorError as e:
-            rank = _which(refs, self.actors)
-            raise ClusterError(f"{self.role} worker {rank} died: {e.__class__.__name__}: "
-                               f"{str(e).splitlines()[0] if str(e) else ''}") from e
+            rank = _which(refs, self.actors, ranks)
+            raise ClusterError(f"{self.role} worker {_name(rank)} died: {e.__class__.__name__}: "
+                               f"{str(e).splitlines()[0] if str(e) else ''}", self.role, rank, dead=True) from e
         except RayTaskError as e:
-            rank = _which(refs, self.actors)
+            rank = _which(refs, self.actors, ranks)
             cause = e.cause if getattr(e, "cause", None) is not None else e
-            raise ClusterError(f"{self.role} worker {rank} failed: {cause.__class__.__name__}: {cause}") from e
+            raise ClusterError(f"{self.role} worker {_name(rank)} failed: {cause.__class__.__name__}: {cause}",
+                               self.role, rank) from e
 
     def kill(self) -> None:
         for a in self.actors:
@@ -113,16 +138,22 @@ class ActorGroup:
         self.actors = []
 
 
-def _which(refs: list[Any], actors: list[Any]) -> str:
+def _which(refs: list[Any], actors: list[Any], ranks: Optional[Sequence[int]] = None) -> Optional[int]:
     """Best effort: the rank of the first ref that failed."""
-    for i, r in enumerate(refs):
+    if ranks is None:
+        ranks = range(len(refs)) if len(refs) == len(actors) else [None] * len(refs)
+    for rank, r in zip(ranks, refs):
         try:
             ray.get(r, timeout=0)
         except GetTimeoutError:
             continue
         except Exception:
-            return str(i) if len(refs) == len(actors) else "?"
-    return "?"
+            return rank
+    return None
+
+
+def _name(rank: Optional[int]) -> str:
+    return "?" if rank is None else str(rank)
 
 
 def shutdown_ray() -> None:

@@ -1,0 +1,64 @@
+"""Replacing dead rollout and reward actors mid-run.
+
+A rollout or reward actor whose process is gone (node lost, OOM-killed, preempted) is replaced
+by a fresh one at the same rank: set up, brought to the learner's current weights, and the
+dispatch that failed is issued again. At most ``cluster.max_restarts`` replacements per run;
+every one is logged as a warning and counted in ``cluster/restarts``. Not replaced:
+
+* an actor that *raised* (a bug; retrying would repeat it) -- the run stops with its error;
+* a learner rank (its DeepSpeed process group cannot take a newcomer) -- the run stops and
+  ``checkpoint.resume: auto`` continues from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, TypeVar
+
+from grpo_dist.cluster.ray_utils import ClusterError
+from grpo_dist.config import Config
+
+log = logging.getLogger("grpo_dist.cluster")
+T = TypeVar("T")
+REPLACEABLE = ("rollout", "reward")
+
+
+class Recovery:
+    def __init__(self, cfg: Config, workers, latest_update: Callable[[], Any]):
+        """``latest_update()``: a Ray ref to the learner's current ``AdapterUpdate``, or None
+        while the rollout workers still serve the base model (version 0)."""
+        self.cfg, self.workers, self.latest_update = cfg, workers, latest_update
+        self.restarts = 0
+
+    def run(self, fn: Callable[..., T], *args, **kwargs) -> T:
+        """``fn(*args)`` (a dispatch over the rollout / reward groups), again after replacing a
+        dead actor, as long as restarts are left."""
+        while True:
+            try:
+                return fn(*args, **kwargs)
+            except ClusterError as e:
+                self.handle(e)
+
+    def handle(self, e: ClusterError) -> None:
+        """Replace the dead actor ``e`` names, or re-raise ``e`` when that is not possible."""
+        limit = self.cfg.cluster.max_restarts
+        if not e.dead or e.role not in REPLACEABLE or e.rank is None:
+            raise e
+        if self.restarts >= limit:
+            raise ClusterError(f"{e} (cluster.max_restarts={limit} replacements used up)",
+                               e.role, e.rank, dead=True) from e
+        self.restarts += 1
+        log.warning("%s -- replacing it (restart %d of %d) and re-issuing its work", e, self.restarts, limit)
+        self.replace(e.role, e.rank)
+
+    def replace(self, role: str, rank: int) -> None:
+        w, timeout = self.workers, self.cfg.cluster.actor_start_timeout_s
+        group = w.rollout if role == "rollout" else w.reward
+        actor = group.replace(rank)
+        if role == "reward":
+            group.get([actor.names.remote()], timeout=timeout, ranks=[rank])
+            return
+        group.get([actor.setup.remote()], timeout=timeout, ranks=[rank])
+        update = self.latest_update()
+        if update is not None:
+            group.get([actor.load_update.remote(update)], timeout=timeout, ranks=[rank])

@@ -1,0 +1,53 @@
+"""Which failures Recovery replaces (decision logic only; the real replacement of dead Ray actors
+is tested end to end in test_presets_e2e.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_dist.cluster.ray_utils import ClusterError
+from grpo_dist.cluster.recovery import Recovery
+from grpo_dist.config import config_from_dict
+
+
+class Recording(Recovery):
+    """Records replacements instead of starting actors (fault-injection double)."""
+
+    def __init__(self, max_restarts: int):
+        super().__init__(config_from_dict({"cluster": {"max_restarts": max_restarts}}), None, lambda: None)
+        self.replaced: list[tuple[str, int]] = []
+
+    def replace(self, role: str, rank: int) -> None:
+        self.replaced.append((role, rank))
+
+
+@pytest.mark.parametrize("err", [
+    ClusterError("learner worker 0 died: RayActorError", "learner", 0, dead=True),
+    ClusterError("rollout worker 1 failed: ValueError: bad prompt", "rollout", 1, dead=False),
+    ClusterError("rollout worker ? died: RayActorError", "rollout", None, dead=True),
+    ClusterError("cluster: actors need 9 CPU but the cluster has 2"),
+])
+def test_not_replaceable_errors_propagate_unchanged(err):
+    rec = Recording(max_restarts=5)
+    with pytest.raises(ClusterError) as e:
+        rec.handle(err)
+    assert e.value is err and rec.replaced == [] and rec.restarts == 0
+
+
+def test_dead_workers_are_replaced_within_the_budget_and_the_call_reissued():
+    rec = Recording(max_restarts=2)
+    calls = []
+
+    def dispatch(x):
+        calls.append(x)
+        if len(calls) == 1:
+            raise ClusterError("rollout worker 1 died: RayActorError", "rollout", 1, dead=True)
+        if len(calls) == 2:
+            raise ClusterError("reward worker 0 died: RayActorError", "reward", 0, dead=True)
+        return x * 2
+
+    assert rec.run(dispatch, 21) == 42
+    assert calls == [21, 21, 21] and rec.replaced == [("rollout", 1), ("reward", 0)] and rec.restarts == 2
+    with pytest.raises(ClusterError, match=r"^rollout worker 0 died: X \(cluster.max_restarts=2 replacements used up\)$"):
+        rec.handle(ClusterError("rollout worker 0 died: X", "rollout", 0, dead=True))
+    assert rec.restarts == 2
