@@ -11,7 +11,7 @@ import socket
 import pytest
 import torch
 
-from grpo_dist.learner.testing import random_batch, small_config, two_step_grads, two_step_rank
+from grpo_dist.learner.testing import random_batch, small_config, two_step_grads, two_step_rank, zero3_rank
 
 
 def _free_port() -> int:
@@ -56,3 +56,39 @@ def test_two_ranks_match_single_process(tiny_model_dir, tmp_path):
             torch.testing.assert_close(r1[g][k], r0[g][k], rtol=0, atol=0)  # identical after all-reduce
     for k, v in single["tensors"].items():
         torch.testing.assert_close(r0["tensors"][k], v, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_zero3_two_ranks_train_refresh_and_export_like_one_process(tiny_model_dir, tmp_path):
+    """Parameters partitioned over 2 ranks: the same loss and exported adapter as one ZeRO-0
+    process, and a mix-1 reference refresh (which gathers the partitioned LoRA weights) gives
+    KL 0 on the next step."""
+    import torch.multiprocessing as mp
+
+    from grpo_dist.learner import Learner
+
+    batch = random_batch(8, seed=23)
+    mp.spawn(zero3_rank, args=(2, _free_port(), str(tiny_model_dir), str(tmp_path), batch), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2))
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        learner = Learner(small_config(tiny_model_dir, algo=dict(beta=0.04, ref_refresh_every=1)),
+                          master_port=_free_port())
+        learner.setup()
+        m = learner.train_step(batch)
+        learner.refresh_reference(1.0)
+        m2 = learner.train_step(batch)
+        single = learner.export_update().tensors
+        learner.shutdown()
+    finally:
+        torch.set_num_threads(n)
+
+    assert r1["tensors"] is None and set(r0["tensors"]) == set(single)
+    assert r0["m"]["train/loss"] == pytest.approx(m["train/loss"], rel=1e-5, abs=1e-7)
+    assert r0["m2"]["train/kl"] == pytest.approx(0.0, abs=1e-9) and m2["train/kl"] == pytest.approx(0.0, abs=1e-9)
+    assert r0["m2"]["train/loss"] == pytest.approx(m2["train/loss"], rel=1e-5, abs=1e-7)
+    for k, v in single.items():
+        torch.testing.assert_close(r0["tensors"][k], v, rtol=0, atol=1e-5)

@@ -87,3 +87,28 @@ def two_step_rank(rank: int, world: int, port: int, model_dir: str, out_dir: str
         torch.save(res, f"{out_dir}/rank{rank}.pt")
     finally:
         learner.shutdown()
+
+
+def zero3_rank(rank: int, world: int, port: int, model_dir: str, out_dir: str, batch: TrainBatch) -> None:
+    """``torch.multiprocessing.spawn`` target: a ZeRO-3 learner rank (parameters partitioned over
+    the ranks) trains one step on its shard, refreshes the reference and exports; every rank must
+    take part in the export (it gathers). Saves ``out_dir/rank{rank}.pt``."""
+    from grpo_dist.env import setup_env
+
+    setup_env()
+    torch.set_num_threads(1)
+    from grpo_dist.learner import Learner
+
+    cfg = small_config(model_dir, learner=dict(num_learners=world, zero_stage=3),
+                       algo=dict(beta=0.04, ref_refresh_every=1))
+    learner = Learner(cfg, rank=rank, world_size=world, master_port=port)
+    learner.setup()
+    try:
+        m = learner.train_step(batch.shard(rank, world))
+        learner.refresh_reference(1.0)
+        m2 = learner.train_step(batch.shard(rank, world))
+        update = learner.export_update()
+        torch.save({"m": m, "m2": m2, "tensors": update.tensors if update is not None else None},
+                   f"{out_dir}/rank{rank}.pt")
+    finally:
+        learner.shutdown()
