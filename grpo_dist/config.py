@@ -74,6 +74,8 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus sampling.")
     top_k: int = Field(-1, ge=-1, description="Top-k sampling (-1 = off).")
+    generate_timeout_s: float = Field(3600.0, gt=0, description="A rollout worker silent this long on one "
+                                      "generate call is treated as hung: killed and replaced (cluster.max_restarts).")
     max_tokens: int = Field(8, gt=0, description="Max completion tokens.")
     stop: list[str] = Field(default_factory=list, description="Stop strings.")
     seed: Optional[int] = Field(None, description="Engine seed (None = derived from trainer.seed and worker rank).")

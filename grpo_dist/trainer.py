@@ -81,7 +81,7 @@ class Trainer:
                 groups, self._prefetched, self._prefetch_data = self._prefetched, None, None
             else:
                 with t("generate"):
-                    groups = self.recovery.run(dispatch.generate, w.rollout, self.stream.next_batch(want - len(kept)))
+                    groups = self._generate(self.stream.next_batch(want - len(kept)))
             with t("score"):
                 scores = self.recovery.run(dispatch.score, w.reward, groups)
             seen += len(groups)
@@ -159,10 +159,14 @@ class Trainer:
 
     def _collect_prefetch(self, records: list, pending: list) -> list:
         try:
-            return dispatch.collect_generate(self.workers.rollout, pending)
-        except ClusterError as e:  # a rollout actor died mid-generation: replace it, generate again
+            return dispatch.collect_generate(self.workers.rollout, pending, self.cfg.rollout.generate_timeout_s)
+        except ClusterError as e:  # a rollout actor died or hung mid-generation: replace it, generate again
             self.recovery.handle(e)
-            return self.recovery.run(dispatch.generate, self.workers.rollout, records)
+            return self._generate(records)
+
+    def _generate(self, records: list) -> list:
+        return self.recovery.run(dispatch.generate, self.workers.rollout, records,
+                                 timeout=self.cfg.rollout.generate_timeout_s)
 
     def _data_state(self) -> dict:
         """Where a resumed run continues: before prompts generated but not yet trained on."""

@@ -216,6 +216,32 @@ def test_dead_actors_are_replaced_and_their_work_reissued(ray_cluster, pretraine
         trainer.close()
 
 
+def test_hung_rollout_actor_is_killed_and_replaced(ray_cluster, pretrained_model_dir, tmp_path):
+    """A rollout actor that stops answering (fault injection: its next generate stalls 600 s) is
+    declared hung after rollout.generate_timeout_s, killed, replaced, and the step completes."""
+    import time
+
+    import ray
+    from ray.exceptions import RayActorError
+
+    trainer = run_trainer(pretrained_model_dir, tmp_path, {
+        "rollout": {"num_workers": 2, "generate_timeout_s": 20}, "trainer": {"steps": 1},
+        "cluster": {"max_restarts": 1}})
+    try:
+        w = trainer.workers
+        hung = w.rollout.actors[0]
+        ray.get(hung.hang_for_test.remote(600))
+        t0 = time.perf_counter()
+        m = trainer.train_step()
+        assert time.perf_counter() - t0 < 300
+        assert m["cluster/restarts"] == 1 and w.rollout.actors[0] is not hung
+        assert m["rollout/num_completions"] == 16
+        with pytest.raises(RayActorError):  # the hung actor was killed, not left running
+            ray.get(hung.health.remote(), timeout=60)
+    finally:
+        trainer.close()
+
+
 def test_nan_from_the_learner_stops_before_sync(ray_cluster, pretrained_model_dir, tmp_path):
     """Fault injection: an infinite learning rate turns the adapter to inf/NaN in one update; the
     learner's train/param_norm says so and the run stops loudly before that adapter is synced."""

@@ -51,3 +51,12 @@ def test_dead_workers_are_replaced_within_the_budget_and_the_call_reissued():
     with pytest.raises(ClusterError, match=r"^rollout worker 0 died: X \(cluster.max_restarts=2 replacements used up\)$"):
         rec.handle(ClusterError("rollout worker 0 died: X", "rollout", 0, dead=True))
     assert rec.restarts == 2
+
+
+def test_a_hung_worker_is_replaced_like_a_dead_one():
+    rec = Recording(max_restarts=1)
+    rec.handle(ClusterError("rollout worker 0: no answer within 20 s", "rollout", 0, hung=True))
+    assert rec.replaced == [("rollout", 0)]
+    with pytest.raises(ClusterError, match="no answer within 20 s .*used up") as e:
+        rec.handle(ClusterError("rollout worker 1: no answer within 20 s", "rollout", 1, hung=True))
+    assert e.value.hung and not e.value.dead

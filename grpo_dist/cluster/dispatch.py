@@ -24,15 +24,17 @@ def submit_generate(rollout: ActorGroup, records: list[Any], **kwargs) -> list[t
     return [(i, a.generate.remote(s, **kwargs)) for i, (a, s) in enumerate(zip(rollout.actors, shards)) if s]
 
 
-def collect_generate(rollout: ActorGroup, pending: list[tuple[int, Any]]) -> list[RolloutGroup]:
-    """Wait for :func:`submit_generate`'s refs; groups come back in prompt order."""
-    parts = rollout.get([r for _, r in pending], ranks=[i for i, _ in pending])
+def collect_generate(rollout: ActorGroup, pending: list[tuple[int, Any]],
+                     timeout: float | None = None) -> list[RolloutGroup]:
+    """Wait for :func:`submit_generate`'s refs (a worker silent past ``timeout`` seconds raises a
+    ClusterError marked ``hung``); groups come back in prompt order."""
+    parts = rollout.get([r for _, r in pending], timeout=timeout, ranks=[i for i, _ in pending])
     return [g for part in parts for g in part]
 
 
-def generate(rollout: ActorGroup, records: list[Any], **kwargs) -> list[RolloutGroup]:
+def generate(rollout: ActorGroup, records: list[Any], timeout: float | None = None, **kwargs) -> list[RolloutGroup]:
     """Prompts sharded over the rollout workers; groups come back in prompt order."""
-    return collect_generate(rollout, submit_generate(rollout, records, **kwargs))
+    return collect_generate(rollout, submit_generate(rollout, records, **kwargs), timeout)
 
 
 def score(reward: ActorGroup, groups: list[RolloutGroup]) -> RewardResult:

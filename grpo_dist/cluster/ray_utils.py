@@ -24,13 +24,15 @@ log = logging.getLogger("grpo_dist.cluster")
 class ClusterError(RuntimeError):
     """A worker died, failed or could not be placed; the message names which.
 
-    ``role`` / ``rank`` name the worker when known; ``dead`` is True when its process is gone
-    (a replacement may take over its work), False when it raised (a bug: retrying would repeat it).
+    ``role`` / ``rank`` name the worker when known; ``dead`` is True when its process is gone and
+    ``hung`` when it did not answer in time (a replacement may take over its work in both cases);
+    both False when it raised (a bug: retrying would repeat it).
     """
 
-    def __init__(self, msg: str, role: Optional[str] = None, rank: Optional[int] = None, dead: bool = False):
+    def __init__(self, msg: str, role: Optional[str] = None, rank: Optional[int] = None, dead: bool = False,
+                 hung: bool = False):
         super().__init__(msg)
-        self.role, self.rank, self.dead = role, rank, dead
+        self.role, self.rank, self.dead, self.hung = role, rank, dead, hung
 
 
 def init_ray(cfg: Config) -> dict[str, Any]:
@@ -117,8 +119,9 @@ class ActorGroup:
         try:
             return ray.get(refs, timeout=timeout)
         except GetTimeoutError as e:
-            raise ClusterError(f"{self.role}: no answer within {timeout:g} s (unsatisfiable resources "
-                               f"or a hung worker)") from e
+            rank = _first_unfinished(refs, self.actors, ranks)
+            raise ClusterError(f"{self.role} worker {_name(rank)}: no answer within {timeout:g} s (hung, or "
+                               f"resources the cluster cannot provide)", self.role, rank, hung=True) from e
         except RayActorError as e:
             rank = _which(refs, self.actors, ranks)
             raise ClusterError(f"{self.role} worker {_name(rank)} died: {e.__class__.__name__}: "
@@ -150,6 +153,14 @@ def _which(refs: list[Any], actors: list[Any], ranks: Optional[Sequence[int]] = 
         except Exception:
             return rank
     return None
+
+
+def _first_unfinished(refs: list[Any], actors: list[Any], ranks: Optional[Sequence[int]] = None) -> Optional[int]:
+    if ranks is None:
+        ranks = range(len(refs)) if len(refs) == len(actors) else [None] * len(refs)
+    _, waiting = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+    waiting_ids = {r.hex() for r in waiting}
+    return next((rank for rank, r in zip(ranks, refs) if r.hex() in waiting_ids), None)
 
 
 def _name(rank: Optional[int]) -> str:

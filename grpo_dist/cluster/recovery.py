@@ -1,6 +1,7 @@
 """Replacing dead rollout and reward actors mid-run.
 
-A rollout or reward actor whose process is gone (node lost, OOM-killed, preempted) is replaced
+A rollout or reward actor whose process is gone (node lost, OOM-killed, preempted), or a rollout
+actor silent past ``rollout.generate_timeout_s`` (a hung engine: it is killed), is replaced
 by a fresh one at the same rank: set up, brought to the learner's current weights, and the
 dispatch that failed is issued again. At most ``cluster.max_restarts`` replacements per run;
 every one is logged as a warning and counted in ``cluster/restarts``. Not replaced:
@@ -42,11 +43,11 @@ class Recovery:
     def handle(self, e: ClusterError) -> None:
         """Replace the dead actor ``e`` names, or re-raise ``e`` when that is not possible."""
         limit = self.cfg.cluster.max_restarts
-        if not e.dead or e.role not in REPLACEABLE or e.rank is None:
+        if not (e.dead or e.hung) or e.role not in REPLACEABLE or e.rank is None:
             raise e
         if self.restarts >= limit:
             raise ClusterError(f"{e} (cluster.max_restarts={limit} replacements used up)",
-                               e.role, e.rank, dead=True) from e
+                               e.role, e.rank, dead=e.dead, hung=e.hung) from e
         self.restarts += 1
         log.warning("%s -- replacing it (restart %d of %d) and re-issuing its work", e, self.restarts, limit)
         self.replace(e.role, e.rank)
