@@ -106,7 +106,8 @@ class Trainer:
         """Learner rank 0 exports version v+1; every rollout worker loads it."""
         w = self.workers
         update = self._export()
-        results = w.rollout.get(w.rollout.call("load_update", update))
+        # a worker that died since generating is replaced (and given this update) and the load re-issued
+        results = self.recovery.run(lambda: w.rollout.get(w.rollout.call("load_update", update)))
         versions = {r["version"] for r in results}
         if len(versions) != 1:
             raise TrainingError(f"rollout workers disagree on the adapter version: {sorted(versions)}")
@@ -115,11 +116,12 @@ class Trainer:
                 "sync/version": float(versions.pop())}
 
     def _export(self):
-        """A Ray ref to the learner's current weights (ZeRO-3 ranks all gather; rank 0 returns)."""
+        """A Ray ref to the learner's current weights as the transport carries them (ZeRO-3 ranks
+        all gather; rank 0 returns)."""
         lg = self.workers.learner
         if self.cfg.learner.zero_stage == 3 and len(lg) > 1:
-            return lg.call("export_update")[0]
-        return lg.actors[0].export_update.remote()
+            return lg.call("publish_update")[0]
+        return lg.actors[0].publish_update.remote()
 
     def train_step(self) -> dict[str, float]:
         cfg, w, t = self.cfg, self.workers, StepTimer()

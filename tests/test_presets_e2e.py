@@ -166,6 +166,24 @@ def test_async_rollouts_overlap_the_update_and_correct_with_the_behaviour_logpro
         trainer.close()
 
 
+def test_filesystem_transport_carries_the_updates(ray_cluster, pretrained_model_dir, tmp_path):
+    """sync.transport: filesystem -- the learner writes v<version>.pt to the shared directory (the
+    newest sync.keep_versions kept) and the workers load from there."""
+    import ray
+
+    shared = tmp_path / "shared-sync"
+    trainer = run_trainer(pretrained_model_dir, tmp_path, {
+        "rollout": {"num_workers": 2}, "trainer": {"steps": 3},
+        "sync": {"transport": "filesystem", "tmp_dir": str(shared), "keep_versions": 2}})
+    try:
+        assert [h["sync/version"] for h in trainer.history] == [1.0, 2.0, 3.0]
+        assert sorted(p.name for p in shared.glob("v*.pt")) == ["v2.pt", "v3.pt"]
+        health = ray.get([a.health.remote() for a in trainer.workers.rollout.actors])
+        assert [h["version"] for h in health] == [3, 3]
+    finally:
+        trainer.close()
+
+
 def test_dead_rollout_actor_stops_the_run_with_a_clear_error(ray_cluster, pretrained_model_dir, tmp_path):
     import ray
 
@@ -193,7 +211,7 @@ def test_dead_actors_are_replaced_and_their_work_reissued(ray_cluster, pretraine
     from grpo_dist.cluster.ray_utils import ClusterError
 
     trainer = run_trainer(pretrained_model_dir, tmp_path, {
-        "rollout": {"num_workers": 2}, "trainer": {"steps": 2}, "cluster": {"max_restarts": 2}})
+        "rollout": {"num_workers": 2}, "trainer": {"steps": 2}, "cluster": {"max_restarts": 3}})
     try:
         w = trainer.workers
         old = w.rollout.actors[1]
@@ -209,8 +227,13 @@ def test_dead_actors_are_replaced_and_their_work_reissued(ray_cluster, pretraine
         # the replacement generated with the weights of version 2 (restored), like its peer
         assert set(trainer.last_batch.adapter_versions) == {2}
 
+        ray.kill(w.rollout.actors[1], no_restart=True)  # dies before the weights reach it
+        s = trainer.sync()
+        assert trainer.recovery.restarts == 3 and s["sync/version"] == 3
+        assert [h["version"] for h in ray.get([a.health.remote() for a in w.rollout.actors])] == [3, 3]
+
         ray.kill(w.rollout.actors[0], no_restart=True)  # budget used up: a clear stop
-        with pytest.raises(ClusterError, match=r"rollout worker 0 died: .*max_restarts=2"):
+        with pytest.raises(ClusterError, match=r"rollout worker 0 died: .*max_restarts=3"):
             trainer.train_step()
     finally:
         trainer.close()

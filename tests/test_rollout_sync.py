@@ -110,6 +110,11 @@ def test_adapter_store_writes_peft_dirs_and_evicts(tmp_path, tiny_model_dir):
     assert not paths[0].exists() and paths[1].exists() and paths[2].exists()
     assert json.loads((paths[2] / "adapter_config.json").read_text())["r"] == 8
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(paths[2]))
+    # the same version again (a load re-issued after a worker was replaced) is idempotent: it must
+    # not count twice and evict itself
+    for _ in range(3):
+        again = store.write(AdapterUpdate(3, upd.tensors, upd.peft_config))
+        assert again == paths[2] and (again / "adapter_model.safetensors").is_file() and paths[1].exists()
     store.close()
     assert not store.root.exists()
 

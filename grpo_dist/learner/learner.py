@@ -43,6 +43,7 @@ class Learner(WeightsIO):
         self.engine = None
         self.device = torch.device("cpu")
         self.reference: Optional[Reference] = None
+        self._transport = None  # sync.transport, made on the first publish_update
         self._version = 0
         self._pad_id = 0
         self._gas = 1

@@ -49,6 +49,19 @@ class WeightsIO:
             return None
         return AdapterUpdate(version=self._version, tensors=tensors, peft_config=peft_config)
 
+    def publish_update(self) -> object:
+        """``export_update`` handed to the configured transport (``sync.transport``): the
+        ``AdapterUpdate`` itself for the object store, a file path for the shared filesystem.
+        Call on every rank; rank 0 returns the payload for ``RolloutWorker.load_update``."""
+        update = self.export_update()
+        if update is None:
+            return None
+        if self._transport is None:
+            from grpo_dist.sync import make_transport
+
+            self._transport = make_transport(self.cfg.sync)
+        return self._transport.publish(update)
+
     def save_adapter(self, out_dir: str | os.PathLike) -> None:
         """PEFT adapter dir (LoRA) or a full HF model dir + tokenizer; rank 0 writes."""
         self._require_setup()

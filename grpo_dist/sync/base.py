@@ -60,6 +60,8 @@ class AdapterStore:
             save_file(tensors, str(tmp / "model.safetensors"))
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)  # readers never see a half-written version
+        if update.version in self.versions:  # written again (a re-issued load): counts once
+            self.versions.remove(update.version)
         self.versions.append(update.version)
         while len(self.versions) > self.keep:
             shutil.rmtree(self.root / f"v{self.versions.pop(0)}", ignore_errors=True)

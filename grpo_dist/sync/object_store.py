@@ -1,7 +1,7 @@
 """Default transport: the Ray object store.
 
 The learner's returned ``AdapterUpdate`` already lives in the object store as the result of
-``learner.export_update.remote()``; the driver hands the same ``ObjectRef`` to every worker, so
+``learner.publish_update.remote()``; the driver hands the same ``ObjectRef`` to every worker, so
 the tensors are serialised once and each node fetches them once (zero-copy within a node).
 """
 
