@@ -145,3 +145,10 @@ def test_refresh_rejects_a_mix_outside_0_1(tiny_model_dir):
     with pytest.raises(ValueError, match="mix must be in"):
         learner.refresh_reference(0.0)
     assert learner.reference.refreshes == 0
+
+
+def test_refresh_without_a_reference_is_an_error_not_a_silent_no_op(tiny_model_dir):
+    learner, _ = make_learner(small_config(tiny_model_dir, lora=dict(enabled=False), algo=dict(beta=0.0)))
+    with pytest.raises(RuntimeError, match="no reference to refresh"):
+        learner.refresh_reference(1.0)
+    assert learner.reference.refreshes == 0

@@ -92,6 +92,8 @@ class Reference:
             self.blocks = [(c * (1.0 - mix), b) for c, b in self.blocks if c * (1.0 - mix) >= DROP_BELOW]
             self.blocks.append((mix, snap))
             self._rebuild()
+        else:
+            raise RuntimeError("no reference to refresh: full fine-tuning keeps a reference copy only when algo.beta > 0")
         self.refreshes += 1
 
     def _rebuild(self) -> None:
