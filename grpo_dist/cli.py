@@ -20,8 +20,8 @@ overrides:
     grpo-dist train --config configs/tiny_cpu.yaml --algo.preset dapo --rollout.group_size 4 \\
         --trainer.steps 10 --logging.wandb_mode disabled
   Sections: model lora data rollout reward algo learner sync cluster logging checkpoint trainer eval.
-  `grpo-dist train --config F --print-config` shows every resolved field; each is documented in
-  grpo_dist/config.py.
+  `grpo-dist train --help-config [SECTION]` lists every field with its default and meaning;
+  `grpo-dist train --config F --print-config` shows the resolved values.
 
 outputs (in output_dir):
   summary.json (accuracy before/after, steps, wall time, adapter_dir, wandb_dir, final metrics),
@@ -35,7 +35,41 @@ def _fail(msg: str) -> int:
     return 2
 
 
+def describe_fields(section: str | None = None) -> list[str]:
+    """Every config field as ``section.key = default`` and its description (one section or all)."""
+    import textwrap
+
+    from pydantic import BaseModel
+
+    from grpo_dist.config import Config
+
+    def default(f):
+        v = f.default_factory() if f.default_factory is not None else f.default
+        return v.model_dump(mode="json") if isinstance(v, BaseModel) else v
+
+    sections = {name: f for name, f in Config.model_fields.items()}
+    if section is not None and section not in sections:
+        raise ConfigError(f"--help-config: unknown section {section!r} (one of {' '.join(sections)})")
+    out: list[str] = []
+    for name, f in sections.items():
+        if section not in (None, name):
+            continue
+        sub = f.annotation if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel) else None
+        fields = sub.model_fields.items() if sub is not None else [(None, f)]
+        for key, ff in fields:
+            path = name if key is None else f"{name}.{key}"
+            out.append(f"{path} = {json.dumps(default(ff), default=str)}")
+            out += textwrap.wrap(ff.description or "", width=96, initial_indent="    ", subsequent_indent="    ")
+    return out
+
+
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
+    if args.help_config:
+        try:
+            print("\n".join(describe_fields(None if args.help_config == "all" else args.help_config)))
+        except ConfigError as e:
+            return _fail(str(e))
+        return 0
     try:
         cfg = load_config(args.config, overrides)
     except ConfigError as e:
@@ -151,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=EPILOG_TRAIN, formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("--config", help="YAML config (default: built-in defaults)")
     t.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    t.add_argument("--help-config", nargs="?", const="all", metavar="SECTION",
+                   help="list every config field (or one section's) with its default and meaning, and exit")
     t.set_defaults(fn=cmd_train)
 
     e = sub.add_parser("eval", help="held-out accuracy, pass@k and mean reward, with and without an adapter",

@@ -53,3 +53,21 @@ def test_missing_model_without_make_if_missing_is_a_config_error(tmp_path):
             "--model.make_if_missing", "null", "--output_dir", str(tmp_path / "out"))
     assert r.returncode == 2
     assert "config error: model.path: no model at" in r.stderr
+
+
+def test_help_config_documents_every_field():
+    from grpo_dist.config import Config
+
+    r = cli("train", "--help-config")
+    assert r.returncode == 0, r.stderr
+    heads = [line.split(" = ")[0] for line in r.stdout.splitlines() if not line.startswith(" ")]
+    expected = [f"{s}.{k}" if hasattr(f.annotation, "model_fields") else s
+                for s, f in Config.model_fields.items()
+                for k in (getattr(f.annotation, "model_fields", None) or [None])]
+    assert heads == expected and len(heads) > 100
+    r = cli("train", "--help-config", "algo")
+    assert r.returncode == 0
+    assert "algo.ref_refresh_every = 0" in r.stdout and "TRL sync_ref_model" in r.stdout
+    assert "rollout." not in r.stdout
+    r = cli("train", "--help-config", "algorithm")
+    assert r.returncode == 2 and r.stderr.startswith("config error: --help-config: unknown section 'algorithm'")
