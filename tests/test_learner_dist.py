@@ -22,20 +22,23 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_two_ranks_match_single_process(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("algo", [{}, {"top_entropy_frac": 0.4}], ids=["all_tokens", "top_entropy_0.4"])
+def test_two_ranks_match_single_process(tiny_model_dir, tmp_path, algo):
+    """With top_entropy_frac the token selection is global (one threshold for the whole batch),
+    so the 2-rank gradient still equals the single-process one."""
     import torch.multiprocessing as mp
 
     from grpo_dist.learner import Learner
 
     batch, batch2 = random_batch(8, seed=21), random_batch(8, seed=22)
-    mp.spawn(two_step_rank, args=(2, _free_port(), str(tiny_model_dir), str(tmp_path), batch, batch2),
+    mp.spawn(two_step_rank, args=(2, _free_port(), str(tiny_model_dir), str(tmp_path), batch, batch2, algo),
              nprocs=2, join=True)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2))
 
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        learner = Learner(small_config(tiny_model_dir, algo=dict(beta=0.04)), master_port=_free_port())
+        learner = Learner(small_config(tiny_model_dir, algo=dict(beta=0.04, **algo)), master_port=_free_port())
         learner.setup()
         single = two_step_grads(learner, batch, batch2)
         learner.shutdown()
@@ -44,8 +47,11 @@ def test_two_ranks_match_single_process(tiny_model_dir, tmp_path):
 
     assert r1["tensors"] is None and r0["version"] == r1["version"] == single["version"] == 2
     for key in ("m1", "m2"):
-        for name in ("train/loss", "train/loss_kl", "train/kl", "train/grad_norm", "train/tokens",
-                     "train/entropy", "train/ratio_mean"):
+        names = ["train/loss", "train/loss_kl", "train/kl", "train/grad_norm", "train/tokens", "train/entropy",
+                 "train/ratio_mean"] + (["train/entropy_selected_frac"] if algo else [])
+        if algo:
+            assert 0.3 < single[key]["train/entropy_selected_frac"] < 0.6
+        for name in names:
             assert r0[key][name] == pytest.approx(single[key][name], rel=1e-5, abs=1e-7), (key, name)
             assert r1[key][name] == pytest.approx(r0[key][name], rel=1e-6, abs=1e-8), (key, name)
     for g in ("grads1", "grads2"):

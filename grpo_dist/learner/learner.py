@@ -261,17 +261,25 @@ class Learner(WeightsIO):
     @torch.no_grad()
     def _keep_high_entropy(self, micro: list[Collated], frac: float) -> float:
         """Narrow every micro-batch's loss mask to the ``frac`` highest-entropy completion tokens of
-        this rank's batch (one no-grad policy pass); returns the fraction of tokens kept."""
+        the *whole* batch (one no-grad policy pass; with several ranks the threshold is the quantile
+        of every rank's entropies, so the selection equals the single-process one); returns the
+        fraction of tokens kept."""
         with self._eval_mode():
             ents = [self._forward(mb, self.engine.module, entropy=True)[1] for mb in micro]
-        pool = torch.cat([e[mb.mask.bool()] for e, mb in zip(ents, micro)]).float()
+        pool = torch.cat([e[mb.mask.bool()] for e, mb in zip(ents, micro)]).float().cpu()
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            parts: list = [None] * self.world_size
+            dist.all_gather_object(parts, pool)
+            pool = torch.cat(parts)
         if pool.numel() == 0:
             return 0.0
-        threshold = torch.quantile(pool, 1.0 - frac)
-        before = float(pool.numel())
+        threshold = torch.quantile(pool, 1.0 - frac).to(ents[0].device)
         for e, mb in zip(ents, micro):
             mb.mask = mb.mask * (e >= threshold).to(mb.mask.dtype)
-        return float(sum(float(mb.mask.sum()) for mb in micro)) / before
+        kept = self._all_reduce_sum([float(sum(float(mb.mask.sum()) for mb in micro))])[0]
+        return kept / float(pool.numel())
 
     def _diagnostics(self, acc: MetricAccumulator, logp, ent, mb: Collated) -> None:
         m = mb.mask.bool()

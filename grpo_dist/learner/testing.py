@@ -70,7 +70,7 @@ def two_step_grads(learner, batch: TrainBatch, batch2: TrainBatch) -> dict[str, 
 
 
 def two_step_rank(rank: int, world: int, port: int, model_dir: str, out_dir: str,
-                  batch: TrainBatch, batch2: TrainBatch) -> None:
+                  batch: TrainBatch, batch2: TrainBatch, algo: Optional[dict] = None) -> None:
     """``torch.multiprocessing.spawn`` target: one learner rank runs :func:`two_step_grads` on its
     shard and saves the result to ``out_dir/rank{rank}.pt``."""
     from grpo_dist.env import setup_env
@@ -79,7 +79,7 @@ def two_step_rank(rank: int, world: int, port: int, model_dir: str, out_dir: str
     torch.set_num_threads(1)
     from grpo_dist.learner import Learner
 
-    cfg = small_config(model_dir, learner=dict(num_learners=world), algo=dict(beta=0.04))
+    cfg = small_config(model_dir, learner=dict(num_learners=world), algo=dict(beta=0.04, **(algo or {})))
     learner = Learner(cfg, rank=rank, world_size=world, master_port=port)
     learner.setup()
     try:
