@@ -28,8 +28,9 @@ from .batching import Collated, collate, gather_completion, micro_batch_rows
 from .loss import compute_loss
 from .optim import deepspeed_config, gradient_accumulation_steps, make_scheduler_factory
 from .reference import Reference
-from .weights_io import WeightsIO
 from .state import MetricAccumulator, cpu_copies, global_norm, strip_prefixes
+from .weights_io import WeightsIO
+
 
 class Learner(WeightsIO):
     """DeepSpeed + PEFT GRPO learner (one data-parallel rank)."""
