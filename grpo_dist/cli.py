@@ -47,7 +47,7 @@ def describe_fields(section: str | None = None) -> list[str]:
         v = f.default_factory() if f.default_factory is not None else f.default
         return v.model_dump(mode="json") if isinstance(v, BaseModel) else v
 
-    sections = {name: f for name, f in Config.model_fields.items()}
+    sections = Config.model_fields
     if section is not None and section not in sections:
         raise ConfigError(f"--help-config: unknown section {section!r} (one of {' '.join(sections)})")
     out: list[str] = []

@@ -32,8 +32,8 @@ def run_eval(cfg: Config, adapter: str | None, out: str | None = None) -> dict[s
         if adapter:
             rollout.get(rollout.call("load_adapter_dir", str(Path(adapter).resolve()), 1))
             report["adapter_eval"] = evaluate(cfg, rollout, reward, records, with_samples=8)
-            report["delta"] = {k.split("/", 1)[1]: v - eval_metrics(report["base"])[k]
-                               for k, v in eval_metrics(report["adapter_eval"]).items()}
+            base = eval_metrics(report["base"])
+            report["delta"] = {k.split("/", 1)[1]: v - base[k] for k, v in eval_metrics(report["adapter_eval"]).items()}
         rollout.get(rollout.call("close"))
     finally:
         rollout.kill()

@@ -141,11 +141,16 @@ class ActorGroup:
         self.actors = []
 
 
+def _ranks_of(refs: list[Any], actors: list[Any], ranks: Optional[Sequence[int]]) -> Sequence[Optional[int]]:
+    """The actor rank of each ref: as given, or refs in rank order when there is one per actor."""
+    if ranks is not None:
+        return ranks
+    return range(len(refs)) if len(refs) == len(actors) else [None] * len(refs)
+
+
 def _which(refs: list[Any], actors: list[Any], ranks: Optional[Sequence[int]] = None) -> Optional[int]:
     """Best effort: the rank of the first ref that failed."""
-    if ranks is None:
-        ranks = range(len(refs)) if len(refs) == len(actors) else [None] * len(refs)
-    for rank, r in zip(ranks, refs):
+    for rank, r in zip(_ranks_of(refs, actors, ranks), refs):
         try:
             ray.get(r, timeout=0)
         except GetTimeoutError:
@@ -156,11 +161,10 @@ def _which(refs: list[Any], actors: list[Any], ranks: Optional[Sequence[int]] = 
 
 
 def _first_unfinished(refs: list[Any], actors: list[Any], ranks: Optional[Sequence[int]] = None) -> Optional[int]:
-    if ranks is None:
-        ranks = range(len(refs)) if len(refs) == len(actors) else [None] * len(refs)
+    """The rank of the first ref that has not finished."""
     _, waiting = ray.wait(list(refs), num_returns=len(refs), timeout=0)
     waiting_ids = {r.hex() for r in waiting}
-    return next((rank for rank, r in zip(ranks, refs) if r.hex() in waiting_ids), None)
+    return next((rank for rank, r in zip(_ranks_of(refs, actors, ranks), refs) if r.hex() in waiting_ids), None)
 
 
 def _name(rank: Optional[int]) -> str:

@@ -5,8 +5,9 @@ Nothing here is used in training.
 
 from __future__ import annotations
 
+import contextlib
 import random
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -69,46 +70,44 @@ def two_step_grads(learner, batch: TrainBatch, batch2: TrainBatch) -> dict[str, 
                 tensors=update.tensors if update is not None else None, version=learner.version)
 
 
-def two_step_rank(rank: int, world: int, port: int, model_dir: str, out_dir: str,
-                  batch: TrainBatch, batch2: TrainBatch, algo: Optional[dict] = None) -> None:
-    """``torch.multiprocessing.spawn`` target: one learner rank runs :func:`two_step_grads` on its
-    shard and saves the result to ``out_dir/rank{rank}.pt``."""
+@contextlib.contextmanager
+def spawned_rank(cfg: Config, rank: int, world: int, port: int) -> Iterator[Any]:
+    """Inside a ``torch.multiprocessing.spawn`` target: environment, one torch thread, and a set-up
+    learner of rank ``rank`` of ``world``, shut down (process group destroyed) on exit."""
     from grpo_dist.env import setup_env
 
     setup_env()
     torch.set_num_threads(1)
     from grpo_dist.learner import Learner
 
-    cfg = small_config(model_dir, learner=dict(num_learners=world), algo=dict(beta=0.04, **(algo or {})))
     learner = Learner(cfg, rank=rank, world_size=world, master_port=port)
     learner.setup()
     try:
-        res = two_step_grads(learner, batch.shard(rank, world), batch2.shard(rank, world))
-        torch.save(res, f"{out_dir}/rank{rank}.pt")
+        yield learner
     finally:
         learner.shutdown()
+
+
+def two_step_rank(rank: int, world: int, port: int, model_dir: str, out_dir: str,
+                  batch: TrainBatch, batch2: TrainBatch, algo: Optional[dict] = None) -> None:
+    """``torch.multiprocessing.spawn`` target: one learner rank runs :func:`two_step_grads` on its
+    shard and saves the result to ``out_dir/rank{rank}.pt``."""
+    cfg = small_config(model_dir, learner=dict(num_learners=world), algo=dict(beta=0.04, **(algo or {})))
+    with spawned_rank(cfg, rank, world, port) as learner:
+        res = two_step_grads(learner, batch.shard(rank, world), batch2.shard(rank, world))
+        torch.save(res, f"{out_dir}/rank{rank}.pt")
 
 
 def zero3_rank(rank: int, world: int, port: int, model_dir: str, out_dir: str, batch: TrainBatch) -> None:
     """``torch.multiprocessing.spawn`` target: a ZeRO-3 learner rank (parameters partitioned over
     the ranks) trains one step on its shard, refreshes the reference and exports; every rank must
     take part in the export (it gathers). Saves ``out_dir/rank{rank}.pt``."""
-    from grpo_dist.env import setup_env
-
-    setup_env()
-    torch.set_num_threads(1)
-    from grpo_dist.learner import Learner
-
     cfg = small_config(model_dir, learner=dict(num_learners=world, zero_stage=3),
                        algo=dict(beta=0.04, ref_refresh_every=1))
-    learner = Learner(cfg, rank=rank, world_size=world, master_port=port)
-    learner.setup()
-    try:
+    with spawned_rank(cfg, rank, world, port) as learner:
         m = learner.train_step(batch.shard(rank, world))
         learner.refresh_reference(1.0)
         m2 = learner.train_step(batch.shard(rank, world))
         update = learner.export_update()
         torch.save({"m": m, "m2": m2, "tensors": update.tensors if update is not None else None},
                    f"{out_dir}/rank{rank}.pt")
-    finally:
-        learner.shutdown()
