@@ -1,6 +1,7 @@
 """Weight transports behind one small base class (``WeightTransport``)."""
 
-from grpo_dist.sync.base import AdapterStore, WeightTransport
+from grpo_dist.sync.base import WeightTransport
+from grpo_dist.sync.store import AdapterStore
 from grpo_dist.sync.filesystem import FilesystemTransport
 from grpo_dist.sync.object_store import ObjectStoreTransport
 
