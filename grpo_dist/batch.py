@@ -63,7 +63,7 @@ def build_batch(groups: list[RolloutGroup], scores: RewardResult, group_size: in
         completion_ids=[r.completion_ids for r in rollouts],
         behaviour_logprobs=[r.logprobs for r in rollouts],
         advantages=adv, loss_mask=masks,
-        adapter_versions=[r.adapter_version for r in rollouts], rewards=shaped,
+        adapter_versions=[r.adapter_version for r in rollouts],
     )
     metrics = rollout_metrics(rollouts, rewards, scores, group_size)
     if algo.overlong_buffer > 0:

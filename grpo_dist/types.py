@@ -57,13 +57,6 @@ class RewardResult:
 
 
 @dataclass
-class ScoredGroup:
-    group: RolloutGroup
-    rewards: list[float]
-    per_function: dict[str, list[float]]
-
-
-@dataclass
 class TrainBatch:
     """What the learner trains on: N = prompts * G sequences, groups contiguous.
 
@@ -77,7 +70,6 @@ class TrainBatch:
     advantages: list[float]
     loss_mask: list[list[float]] | None = None  # per completion token; None = all ones
     adapter_versions: list[int] = field(default_factory=list)
-    rewards: list[float] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -97,7 +89,6 @@ class TrainBatch:
             advantages=cut(self.advantages),
             loss_mask=cut(self.loss_mask) if self.loss_mask is not None else None,
             adapter_versions=cut(self.adapter_versions),
-            rewards=cut(self.rewards),
         )
 
 
@@ -122,10 +113,3 @@ class AdapterUpdate:
     def nbytes(self) -> int:
         return int(sum(t.numel() * t.element_size() for t in self.tensors.values()))
 
-
-@dataclass
-class StepStats:
-    """Metrics of one learner step (plain floats, namespaced keys like ``train/loss``)."""
-
-    metrics: dict[str, float]
-    tokens: int = 0

@@ -62,7 +62,7 @@ def test_mask_truncated_and_overlong_shaping():
     g = groups([[1, 1]], lengths=[2, 4], finish=["stop", "length"])
     batch, m = build_batch(g, scores([1, 1]), 2, algo, max_tokens=4)
     assert batch.loss_mask == [[1.0, 1.0], [0.0] * 4]
-    assert batch.rewards == [1.0, 0.0]  # the overlong one loses the full penalty
+    assert m["rollout/overlong_penalty_mean"] == -0.5  # the overlong one loses the full penalty (0 and -1)
     assert batch.advantages[0] > batch.advantages[1]
     assert overlong_penalty(2, 8, 0.25, 1.0) == 0.0
     assert overlong_penalty(7, 8, 0.25, 1.0) == pytest.approx(-0.5)

@@ -15,10 +15,10 @@ from grpo_dist.rollout.worker import RolloutWorker
 
 
 class _Placed:
-    """Mixin: where an actor runs (for learner rendezvous and for logs)."""
+    """Mixin: where an actor runs (node IP and process id, for logs and tests)."""
 
     def node_info(self) -> dict:
-        return {"ip": ray.util.get_node_ip_address(), "pid": os.getpid(), "port": free_port()}
+        return {"ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
 
 
 class RolloutActor(_Placed, RolloutWorker):
@@ -36,6 +36,10 @@ class LearnerActor(_Placed, Learner):
         # the Learner leaves process-wide thread settings alone; inside an actor we own the process
         torch.set_num_threads(self.cfg.cluster.torch_threads)
         return super().setup()
+
+    def rendezvous_address(self) -> dict:
+        """This node's IP and a port free on it, for the DeepSpeed group's rendezvous (rank 0)."""
+        return {"ip": ray.util.get_node_ip_address(), "port": free_port()}
 
 
 @dataclass
@@ -69,7 +73,7 @@ def start_workers(cfg: Config) -> tuple[Workers, dict]:
     k = cfg.learner.num_learners
     first = ActorGroup.create("learner", LearnerActor, [(cfg, 0, k, "127.0.0.1", 0)],
                               num_cpus=c.learner_cpus, num_gpus=c.learner_gpus)
-    where = first.get([first.actors[0].node_info.remote()], timeout=c.actor_start_timeout_s)[0]
+    where = first.get([first.actors[0].rendezvous_address.remote()], timeout=c.actor_start_timeout_s)[0]
     addr, port = (where["ip"], where["port"]) if k > 1 else ("127.0.0.1", where["port"])
     first.kill()
     learner = ActorGroup.create("learner", LearnerActor, [(cfg, r, k, addr, port) for r in range(k)],
