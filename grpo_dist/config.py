@@ -180,6 +180,9 @@ class SyncConfig(Section):
     keep_versions: int = Field(2, gt=0, description="Adapter versions kept on each worker's disk.")
 
 
+STRATEGIES = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+
+
 class ClusterConfig(Section):
     address: Optional[str] = Field(None, description="Ray address ('auto' inside a Ray job); null = start a local cluster.")
     num_cpus: Optional[int] = Field(None, gt=0, description="CPUs of the local cluster (default: all).")
@@ -188,7 +191,27 @@ class ClusterConfig(Section):
     reward_cpus: float = Field(0.25, gt=0, description="CPUs per reward actor.")
     learner_cpus: float = Field(0.5, gt=0, description="CPUs per learner rank.")
     learner_gpus: float = Field(0.0, ge=0, description="GPUs per learner rank.")
-    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field("PACK", description="Placement group strategy.")
+    layout: Literal["disaggregated", "colocated"] = Field(
+        "disaggregated", description="disaggregated: each role its own placement-group bundles; colocated: learner "
+        "rank i and rollout engine i share bundle i (needs rollout.num_workers == learner.num_learners; on GPU vLLM "
+        "sleeps while the learner trains).")
+    learner_strategy: STRATEGIES = Field("PACK", description="Placement strategy of the learner ranks' group "
+                                         "(PACK keeps a DeepSpeed group close; STRICT_SPREAD one rank per node).")
+    rollout_strategy: STRATEGIES = Field("PACK", description="Placement strategy of the rollout engines' group.")
+    reward_strategy: STRATEGIES = Field("PACK", description="Placement strategy of the reward actors' group.")
+    learner_resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources per learner "
+                                                "rank (e.g. {node_type_a100: 1}) added to its bundle.")
+    rollout_resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources per rollout actor.")
+    reward_resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources per reward actor.")
+    placement_timeout_s: float = Field(300.0, gt=0, description="How long to wait for a feasible but busy cluster "
+                                       "to free the bundles (what is waited for is logged); then the run stops.")
+    shared_dir: Optional[str] = Field(None, description="A directory every node mounts at the same path (NFS, "
+                                      "Lustre); checked at start. Needed by sync.transport filesystem and by "
+                                      "full-weight training on several nodes.")
+    collective_timeout_s: float = Field(1800.0, gt=0, description="Timeout of every collective between learner "
+                                        "ranks (a rank that never joins becomes an error, not a hang).")
+    learner_timeout_s: float = Field(3600.0, gt=0, description="The driver's wait for one learner call (a train "
+                                     "step, a checkpoint); past it the rank is reported hung and the run stops.")
     torch_threads: int = Field(1, gt=0, description="torch threads inside each actor (CPU runs).")
     actor_start_timeout_s: float = Field(600.0, gt=0, description="Fail if actors are not up by then (unsatisfiable resources).")
     max_restarts: int = Field(3, ge=0, description="Dead rollout/reward actors replaced per run (work re-issued, "
