@@ -80,6 +80,12 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     from grpo_dist.env import setup_env
 
     setup_env()
+    from grpo_dist import preflight
+
+    try:  # model, reward plug-ins, data: one line and exit 2 before any actor starts
+        preflight.check(cfg)
+    except ConfigError as e:
+        return _fail(str(e))
     from grpo_dist.trainer import Trainer, TrainingError
     from grpo_dist.cluster.ray_utils import ClusterError, shutdown_ray
 
@@ -120,6 +126,12 @@ def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> int:
     from grpo_dist.env import setup_env
 
     setup_env()
+    from grpo_dist import preflight
+
+    try:
+        preflight.check(cfg)
+    except ConfigError as e:
+        return _fail(str(e))
     from grpo_dist.eval_cli import run_eval
 
     try:

@@ -64,6 +64,10 @@ class DataConfig(Section):
     system_prompt: Optional[str] = Field(None, description="System message when chat_template is on.")
     limit: Optional[int] = Field(None, gt=0, description="Use at most this many training prompts.")
     shuffle: bool = Field(True, description="Reshuffle prompts every epoch (seeded by trainer.seed).")
+    max_prompt_tokens: Optional[int] = Field(None, gt=0, description="Longest prompt in tokens (default "
+                                             "model.max_model_len - rollout.max_tokens); checked before any actor starts.")
+    overlong_prompts: Literal["drop", "error"] = Field("error", description="Prompts longer than "
+                                                       "max_prompt_tokens: stop with one line (error) or drop them (counted and logged).")
 
 
 class RolloutConfig(Section):
@@ -112,6 +116,10 @@ class RewardConfig(Section):
     num_workers: int = Field(1, gt=0, description="Number of reward actors.")
     timeout_s: float = Field(30.0, gt=0, description="Per-call timeout of one reward function on one batch.")
     failure_reward: float = Field(0.0, description="Reward given where a function raised, timed out or returned NaN.")
+    max_failure_rate: float = Field(0.5, ge=0, le=1, description="Stop the run (checkpoint first) when one function "
+                                    "failed on more than this fraction of its completions over the last failure_window steps (1 = never).")
+    failure_window: int = Field(5, gt=0, description="Steps over which reward.max_failure_rate is measured (the check "
+                                "starts once this many steps ran).")
 
 
 KL_KINDS = Literal["k1", "k2", "k3", "low_var_kl"]
@@ -282,6 +290,10 @@ class Config(Section):
         if self.rollout.max_tokens >= self.model.max_model_len:
             raise _KeyError("rollout.max_tokens", f"{self.rollout.max_tokens} leaves no room for the prompt "
                              f"within model.max_model_len {self.model.max_model_len}")
+        room = self.model.max_model_len - self.rollout.max_tokens
+        if self.data.max_prompt_tokens is not None and self.data.max_prompt_tokens > room:
+            raise _KeyError("data.max_prompt_tokens", f"{self.data.max_prompt_tokens} exceeds model.max_model_len - "
+                             f"rollout.max_tokens = {room}")
         a = self.algo
         if a.ref_refresh_every and not (a.beta > 0 and a.kl_reference == "ref"):
             raise _KeyError("algo.ref_refresh_every", "refreshes the KL reference, but there is none "
@@ -341,7 +353,10 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
             raw = args[i + 1]
             i += 1
         i += 1
-        value = yaml.safe_load(raw) if raw != "" else ""
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            raise ConfigError(f"{key}: invalid YAML value {raw!r}") from None
         node = out
         parts = key.split(".")
         for p in parts[:-1]:

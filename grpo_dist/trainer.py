@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from grpo_dist import checkpoint
+from grpo_dist import checkpoint, preflight
 from grpo_dist.batch import SAMPLE_COLUMNS, build_batch, sample_rows, zero_spread
 from grpo_dist.cluster import dispatch
 from grpo_dist.cluster.actors import Workers, start_workers
@@ -27,7 +27,7 @@ from grpo_dist.data import PromptStream
 from grpo_dist.evaluation import eval_metrics, evaluate
 from grpo_dist.monitor import Monitor, StepTimer, non_finite
 from grpo_dist.types import RewardResult
-from grpo_dist.setup_run import load_data, make_monitor, prepare_model
+from grpo_dist.setup_run import make_monitor
 
 log = logging.getLogger("grpo_dist.trainer")
 
@@ -52,8 +52,7 @@ class Trainer:
     def setup(self) -> dict[str, Any]:
         cfg = self.cfg
         self.out.mkdir(parents=True, exist_ok=True)
-        prepare_model(cfg)
-        self.train_records, self.eval_records = load_data(cfg)
+        self.train_records, self.eval_records = preflight.prepared_data(cfg)  # model, rewards, data checked
         self.stream = PromptStream(self.train_records, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
         init_ray(cfg)
         check_resources(cfg)

@@ -1,0 +1,250 @@
+"""Pre-flight: every input of a run checked on the driver before any Ray actor starts.
+
+Each problem is a :class:`~grpo_dist.config.ConfigError` with one line naming the config key
+(the CLI prints it and exits with code 2):
+
+* the model directory: ``config.json`` and the tokenizer load (an empty or ``{}`` config is an
+  error here, not a pydantic error inside an actor minutes later), ``max_model_len`` fits the
+  model's positions;
+* every reward function resolves (file/module/function exist), can be called as
+  ``fn(prompts, completions, **columns)``, and finds the dataset columns it needs (``answer``
+  for ``correctness``; any parameter without a default for a plug-in);
+* prompts: none empty, none longer than ``data.max_prompt_tokens`` (default
+  ``model.max_model_len - rollout.max_tokens``) tokens; longer ones stop the run or, with
+  ``data.overlong_prompts: drop``, are dropped, counted and logged.
+
+:func:`prepared_data` returns the checked (and filtered) records; the result is cached per
+config, so the CLI's early check and ``Trainer.setup`` load the data once.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from grpo_dist.config import Config, ConfigError, dump_config
+
+log = logging.getLogger("grpo_dist.preflight")
+
+# columns the pipeline itself adds to every completion before scoring (cluster/dispatch.score)
+PIPELINE_COLUMNS = frozenset({"completion_ids"})
+
+
+@dataclass
+class Checked:
+    """What pre-flight found: the records to use and what it did to them."""
+
+    train: list[Any]
+    evals: list[Any]
+    max_prompt_tokens: int
+    dropped: dict[str, int] = field(default_factory=dict)  # "train"/"eval" -> rows dropped as overlong
+    longest: dict[str, int] = field(default_factory=dict)  # "train"/"eval" -> longest kept prompt (tokens)
+    reward_columns: dict[str, list[str]] = field(default_factory=dict)  # reward name -> required columns
+
+
+_CACHE: dict[str, Checked] = {}
+
+
+def prepared_data(cfg: Config, log_fn: Callable[[str], None] = print) -> tuple[list[Any], list[Any]]:
+    """Training and held-out records after every check (cached per config in this process)."""
+    c = check(cfg, log_fn)
+    return c.train, c.evals
+
+
+def check(cfg: Config, log_fn: Callable[[str], None] = print) -> Checked:
+    """Run every check; raise ConfigError (one line) on the first problem."""
+    key = dump_config(cfg)
+    if key in _CACHE:
+        return _CACHE[key]
+    from grpo_dist.setup_run import load_data, prepare_model
+
+    prepare_model(cfg, log_fn)
+    _check_model_json(cfg)  # the cheap checks first: no transformers/torch import before them
+    rewards = check_rewards(cfg)
+    train, evals = load_data(cfg)
+    splits = [("train", "data.path", cfg.data.path, train), ("eval", "data.eval_path", cfg.data.eval_path, evals)]
+    for split, key_name, source, records in splits:
+        if records:
+            _check_empty(records, key_name, source)
+            _check_columns(records, rewards, key_name, source, need_answer=split == "eval" and _evaluates(cfg))
+    tokenizer = check_model(cfg)
+    room = cfg.model.max_model_len - cfg.rollout.max_tokens
+    limit = cfg.data.max_prompt_tokens or room
+    out = Checked(train=train, evals=evals, max_prompt_tokens=limit)
+    for split, key_name, source, records in splits:
+        if not records:
+            continue
+        kept, lens = _check_lengths(cfg, tokenizer, records, limit, key_name, source, log_fn)
+        out.dropped[split] = len(records) - len(kept)
+        out.longest[split] = max(lens) if lens else 0
+        if split == "train":
+            out.train = kept
+        else:
+            out.evals = kept
+    out.reward_columns = {name: sorted(cols) for name, (_, cols) in rewards.items()}
+    _CACHE[key] = out
+    return out
+
+
+def _evaluates(cfg: Config) -> bool:
+    return bool(cfg.trainer.eval_before_after or cfg.trainer.eval_every)
+
+
+# ------------------------------------------------------------------------------------- model
+
+def _check_model_json(cfg: Config) -> None:
+    path = Path(cfg.model.path)
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ConfigError(f"model.path: no model at {path} (no config.json)")
+    try:
+        raw = json.loads(cfg_file.read_text() or "null")
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model.path: {cfg_file} is not valid JSON ({_first_line(e)})") from None
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError(f"model.path: {cfg_file} is empty (expected a transformers model config with "
+                          f"'model_type' and 'architectures')")
+    if "model_type" not in raw:
+        raise ConfigError(f"model.path: {cfg_file} has no 'model_type' (not a transformers model config)")
+
+
+def check_model(cfg: Config) -> Any:
+    """Load the model's config and tokenizer from ``model.path``; return the tokenizer."""
+    _check_model_json(cfg)
+    path = Path(cfg.model.path)
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        mcfg = AutoConfig.from_pretrained(str(path), trust_remote_code=cfg.model.trust_remote_code)
+    except Exception as e:  # noqa: BLE001 - any load failure is the user's model directory
+        raise ConfigError(f"model.path: cannot load the model config in {path}: {_first_line(e)}") from None
+    positions = getattr(mcfg, "max_position_embeddings", None)
+    if isinstance(positions, int) and positions < cfg.model.max_model_len:
+        raise ConfigError(f"model.max_model_len: {cfg.model.max_model_len} exceeds the model's "
+                          f"max_position_embeddings {positions}")
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=cfg.model.trust_remote_code)
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"model.path: cannot load the tokenizer in {path}: {_first_line(e)}") from None
+    return tok
+
+
+# ------------------------------------------------------------------------------------- rewards
+
+def check_rewards(cfg: Config) -> dict[str, tuple[Any, set[str]]]:
+    """Resolve every reward function as the reward workers will; return name -> (NamedReward,
+    required dataset columns)."""
+    from grpo_dist.reward.registry import build_reward_fns
+
+    try:
+        fns = build_reward_fns(cfg.reward.functions)
+    except ValueError as e:
+        raise ConfigError(f"reward.functions: {_first_line(e)}") from None
+    out: dict[str, tuple[Any, set[str]]] = {}
+    for i, nf in enumerate(fns):
+        spec = cfg.reward.functions[i].fn
+        out[nf.name] = (nf, required_columns(spec, nf.fn, f"reward.functions[{i}]"))
+    return out
+
+
+def required_columns(spec: str, fn: Any, key: str) -> set[str]:
+    """Dataset columns ``fn`` (a functools.partial with the configured options) cannot run
+    without; ConfigError when it cannot be called as ``fn(prompts, completions, **columns)``."""
+    from grpo_dist.reward import registry
+
+    inner = fn.func if isinstance(fn, functools.partial) else fn
+    bound = set(fn.keywords) if isinstance(fn, functools.partial) else set()
+    try:
+        params = list(inspect.signature(inner).parameters.values())
+    except (TypeError, ValueError):
+        return set()  # no signature to inspect (a C callable): trust it
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) < 2 and not any(p.kind is p.VAR_POSITIONAL for p in params):
+        raise ConfigError(f"{key}: reward function {spec!r} must accept (prompts, completions, **columns); "
+                          f"its signature is {inspect.signature(inner)}")
+    rest = positional[2:] + [p for p in params if p.kind is p.KEYWORD_ONLY]
+    bad = [p.name for p in positional[2:] if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
+    if bad:
+        raise ConfigError(f"{key}: reward function {spec!r} has positional-only parameters {bad}; dataset columns "
+                          f"arrive as keyword arguments")
+    entry = next((e for e in registry._REGISTRY.values() if e.fn is inner), None)
+    need = set()
+    for p in rest:
+        if p.name in bound or p.name in ("prompts", "completions"):
+            continue
+        if entry is not None:  # a registered function: its declared columns without a None default
+            if p.name not in entry.options and p.default is not None:
+                need.add(p.name)
+        elif p.default is p.empty:
+            need.add(p.name)
+    if entry is not None and entry.fn.__name__ == "composite_reward" and "components" in bound:
+        from grpo_dist.reward.builtin import _components
+
+        for cspec, cfn, _, opts in _components(fn.keywords["components"]):
+            need |= required_columns(cspec, functools.partial(cfn, **opts), key)
+    return need
+
+
+def _check_columns(records: list[Any], rewards: dict[str, tuple[Any, set[str]]], key: str, source: Any,
+                   need_answer: bool) -> None:
+    wanted: dict[str, str] = {}
+    for name, (_, cols) in rewards.items():
+        for c in sorted(cols):
+            wanted.setdefault(c, f"reward function {name!r}")
+    if need_answer:
+        wanted.setdefault("answer", "evaluation (accuracy against the answer column)")
+    for col, who in wanted.items():
+        if col in PIPELINE_COLUMNS:
+            continue
+        missing = [i for i, r in enumerate(records) if r.columns.get(col) is None]
+        if missing:
+            have = sorted(records[missing[0]].columns)
+            hint = " (set data.answer_column or data.column_mapping)" if col == "answer" else ""
+            raise ConfigError(f"{key}: {who} needs column {col!r}, missing in {len(missing)} of {len(records)} "
+                              f"rows of {source} (first: row {missing[0]}; columns there: {have}){hint}")
+
+
+# ------------------------------------------------------------------------------------- prompts
+
+def _check_empty(records: list[Any], key: str, source: Any) -> None:
+    empty = [i for i, r in enumerate(records) if not str(r.prompt).strip()]
+    if empty:
+        raise ConfigError(f"{key}: {len(empty)} of {len(records)} prompts in {source} are empty "
+                          f"(first: row {records[empty[0]].id})")
+
+
+def _check_lengths(cfg: Config, tokenizer: Any, records: list[Any], limit: int, key: str, source: Any,
+                   log_fn: Callable[[str], None]) -> tuple[list[Any], list[int]]:
+    """Token lengths as the rollout workers tokenise (special tokens unless a chat template
+    already holds them); drop or stop on prompts over ``limit``."""
+    add_special = not cfg.data.chat_template
+    ids = tokenizer([r.prompt for r in records], add_special_tokens=add_special)["input_ids"]
+    lens = [len(x) for x in ids]
+    over = [i for i, n in enumerate(lens) if n > limit]
+    why = ("data.max_prompt_tokens" if cfg.data.max_prompt_tokens else
+           f"model.max_model_len {cfg.model.max_model_len} - rollout.max_tokens {cfg.rollout.max_tokens}")
+    if not over:
+        return records, lens
+    first = over[0]
+    if cfg.data.overlong_prompts == "error":
+        raise ConfigError(f"{key}: {len(over)} of {len(records)} prompts in {source} are longer than {limit} "
+                          f"tokens ({why}; first: row {records[first].id}, {lens[first]} tokens); shorten them, "
+                          f"raise model.max_model_len or set data.overlong_prompts: drop")
+    if len(over) == len(records):
+        raise ConfigError(f"{key}: all {len(records)} prompts in {source} are longer than {limit} tokens ({why})")
+    skip = set(over)
+    msg = (f"{key}: dropped {len(over)} of {len(records)} prompts longer than {limit} tokens ({why}; "
+           f"data.overlong_prompts: drop)")
+    log.warning(msg)
+    log_fn(msg)
+    return [r for i, r in enumerate(records) if i not in skip], [n for i, n in enumerate(lens) if i not in skip]
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0][:300]
