@@ -98,7 +98,7 @@ class RolloutConfig(Section):
 
 class RewardFnConfig(Section):
     name: Optional[str] = Field(None, description="Name used in logs (reward/<name>); defaults to fn.")
-    fn: str = Field(..., description="Builtin name (correctness, format, length, pattern, composite), 'module:function' or 'file.py:function'.")
+    fn: str = Field(..., description="Builtin name (correctness, math, format, length, pattern, composite), 'module:function' or 'file.py:function'.")
     weight: float = Field(1.0, description="Weight in the total reward.")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments bound to the function.")
 

@@ -1,8 +1,8 @@
 """Reward functions: builtin families, plug-in lookup and the robust reward worker.
 
 Reward functions have TRL's signature ``fn(prompts, completions, **dataset_columns) ->
-list[float]``; config entries name them as builtins (``correctness``, ``format``, ``length``,
-``pattern``, ``composite``), ``module.path:function`` or ``path/to/file.py:function``.
+list[float]``; config entries name them as builtins (``correctness``, ``math``, ``format``,
+``length``, ``pattern``, ``composite``), ``module.path:function`` or ``path/to/file.py:function``.
 """
 
 from grpo_dist.reward.registry import (
@@ -21,6 +21,7 @@ from grpo_dist.reward.builtin import (  # noqa: E402  (registers the builtins)
     length_reward,
     pattern_reward,
 )
+from grpo_dist.reward.math_answer import extract_math_answer, math_reward  # noqa: E402
 from grpo_dist.reward.worker import RewardWorker  # noqa: E402
 
 __all__ = [
@@ -32,9 +33,11 @@ __all__ = [
     "composite_reward",
     "correctness_reward",
     "extract_answer",
+    "extract_math_answer",
     "format_reward",
     "get_reward_fn",
     "length_reward",
+    "math_reward",
     "pattern_reward",
     "register_reward",
 ]

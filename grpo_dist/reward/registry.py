@@ -3,7 +3,7 @@
 Every reward function has TRL's signature ``fn(prompts, completions, **dataset_columns) ->
 list[float]``. A config entry (:class:`~grpo_dist.config.RewardFnConfig`) names one with ``fn``:
 
-* a registered name (``correctness``, ``format``, ``length``, ``pattern``, ``composite``, or
+* a registered name (``correctness``, ``math``, ``format``, ``length``, ``pattern``, ``composite``, or
   anything a plug-in registered with :func:`register_reward`);
 * ``package.module:function`` — imported with :mod:`importlib` (the module must be importable,
   e.g. on ``PYTHONPATH``); ``function`` may be dotted (``module:Class.method``);
@@ -12,6 +12,10 @@ list[float]``. A config entry (:class:`~grpo_dist.config.RewardFnConfig`) names 
 
 :func:`build_reward_fns` resolves the whole list eagerly and checks the options, so a bad
 plug-in or a misspelt option fails before training starts, with a ``ValueError`` naming the spec.
+
+This module imports no reward family: the families import it to register themselves, and the
+package (``grpo_dist.reward``, imported before any of its modules) imports every family, so each
+builtin name is registered before a lookup.
 """
 
 from __future__ import annotations
@@ -109,13 +113,8 @@ def _qualified(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-def _ensure_builtins() -> None:
-    import grpo_dist.reward.builtin  # noqa: F401  (registers the builtin families)
-
-
 def builtin_names() -> list[str]:
     """Sorted names currently registered (the builtins plus registered plug-ins)."""
-    _ensure_builtins()
     return sorted(_REGISTRY)
 
 
@@ -124,7 +123,6 @@ def get_reward_fn(spec: str) -> RewardFn:
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"reward function spec must be a non-empty string, got {spec!r}")
     spec = spec.strip()
-    _ensure_builtins()
     if ":" not in spec:
         entry = _REGISTRY.get(spec)
         if entry is None:
