@@ -114,7 +114,9 @@ def test_checkpoints_exist_and_load(run):
     assert [p.name for p in ckpts] == ["step_000010", f"step_{STEPS:06d}"]  # every 5, keep 2, + final
     last = ckpts[-1]
     state = json.loads((last / STATE_FILE).read_text())
-    assert state["step"] == STEPS and "epoch" in state["data"] or "index" in state["data"]
+    assert state["step"] == STEPS and state["data"] == trainer.stream.state_dict()  # the final position
+    data = state["data"]
+    assert data["epoch"] * data["num_records"] + data["index"] == STEPS * trainer.cfg.rollout.prompts_per_step
     base = AutoModelForCausalLM.from_pretrained(trainer.cfg.model.path)
     model = PeftModel.from_pretrained(base, str(last / "adapter"))
     assert any("lora_B" in n and p.abs().sum() > 0 for n, p in model.named_parameters())

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from grpo_dist.algo import grpo_loss
-from grpo_dist.learner.testing import make_learner, random_batch, randomize_lora, small_config
+from grpo_dist.learner.testing import (loss_inputs, make_learner, random_batch, randomize_lora, small_config,
+                                      train_step_with_grads)
 from grpo_dist.types import TrainBatch
 
 pytestmark = pytest.mark.usefixtures("in_process_learners")
@@ -132,7 +133,7 @@ def test_gradient_accumulation_equivalence(tiny_model_dir, agg):
         randomize_lora(learner, seed=7)
         if mbs == 2:
             manual, manual_loss = _manual_whole_batch_grads(learner, batch, cfg)
-        results.append(learner.grads_for_test(batch))
+        results.append(train_step_with_grads(learner, batch))
     (g8, m8), (g2, m2) = results
     assert set(g8) == set(g2) == set(manual)
     assert m8["train/loss"] == pytest.approx(m2["train/loss"], abs=1e-6)
@@ -227,7 +228,7 @@ def test_loss_variants_match_algo(variant_learner, variant):
         setattr(learner.cfg.algo, k, v)
     a = learner.cfg.algo
     batch = make_batch(8, seed=12)
-    t = learner.loss_inputs_for_test(batch)
+    t = loss_inputs(learner, batch)
     logp, mask, adv = t["logp"], t["mask"], t["advantages"]
     max_len = a.max_len or learner.cfg.rollout.max_tokens
     ref = t.get("ref_logp") if a.kl_reference == "ref" else logp
@@ -273,7 +274,7 @@ def test_top_entropy_token_selection(variant_learner):
                      ratio_level="token", clip_low=0.2, clip_high=0.2, dual_clip=None).items():
         setattr(learner.cfg.algo, k, v)
     batch = make_batch(8, seed=21)
-    t = learner.loss_inputs_for_test(batch)
+    t = loss_inputs(learner, batch)
     with torch.no_grad(), learner._eval_mode():
         ent = learner._forward(learner._collate(batch), learner.engine.module, entropy=True)[1]
     mask = t["mask"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_dist.learner.testing import make_learner, random_batch, randomize_lora, small_config
+from grpo_dist.learner.testing import make_learner, random_batch, randomize_lora, reference_logprobs, small_config
 
 pytestmark = pytest.mark.usefixtures("in_process_learners")
 SCALING = 16 / 8  # small_config's LoRA: alpha 16, r 8
@@ -54,19 +54,19 @@ def test_full_mix_makes_the_reference_the_policy_and_leaves_the_policy_alone(tin
     randomize_lora(learner, seed=5, std=0.1)
     batch = random_batch(8, seed=21)
     policy = learner.compute_logprobs(batch)
-    ref0 = learner.reference_logprobs(batch)
+    ref0 = reference_logprobs(learner, batch)
     assert max_diff(ref0, dense_logprobs(tiny_model_dir, batch)) < 1e-5  # before: the base model
     assert max_diff(ref0, policy) > 1e-2
 
     info = learner.refresh_reference(1.0)
     assert info["train/ref_refreshes"] == 1 and info["train/ref_rank"] == 8
     assert learner.compute_logprobs(batch) == policy  # the policy (and so the rollouts) unchanged
-    ref1 = learner.reference_logprobs(batch)
+    ref1 = reference_logprobs(learner, batch)
     assert max_diff(ref1, policy) < 1e-5
 
     m = learner.train_step(batch)  # the first forward of this step sees policy == reference
     assert m["train/kl"] == pytest.approx(0.0, abs=1e-9) and m["train/ref_refreshes"] == 1
-    assert learner.reference_logprobs(batch) == ref1  # training moves the policy, not the reference
+    assert reference_logprobs(learner, batch) == ref1  # training moves the policy, not the reference
     assert max_diff(learner.compute_logprobs(batch), policy) > 1e-4
 
 
@@ -86,7 +86,7 @@ def test_soft_refresh_is_a_weight_space_mix_and_survives_checkpoints(tiny_model_
     info = learner.refresh_reference()
     assert info["train/ref_refreshes"] == 2 and info["train/ref_rank"] == 16
 
-    ref = learner.reference_logprobs(batch)
+    ref = reference_logprobs(learner, batch)
     expected = dense_logprobs(tiny_model_dir, batch, [(0.25, snap1), (0.5, snap2)])
     assert max_diff(ref, expected) < 1e-5
     # the wrong mixes are measurably different from it (the check above can fail)
@@ -96,24 +96,24 @@ def test_soft_refresh_is_a_weight_space_mix_and_survives_checkpoints(tiny_model_
     learner.save_checkpoint(tmp_path / "ckpt")
     other, _ = make_learner(cfg)
     other.load_checkpoint(tmp_path / "ckpt")
-    assert other.reference_logprobs(batch) == ref
+    assert reference_logprobs(other, batch) == ref
     assert other.reference.refreshes == 2
 
     learner.refresh_reference(1.0)
     assert learner.reference.rank == 8  # older snapshots weigh 0 now and are dropped
-    assert max_diff(learner.reference_logprobs(batch), learner.compute_logprobs(batch)) < 1e-5
+    assert max_diff(reference_logprobs(learner, batch), learner.compute_logprobs(batch)) < 1e-5
 
 
 def test_checkpoint_from_before_any_refresh_restores_the_base_reference(tiny_model_dir, tmp_path):
     learner, _ = make_learner(cfg_for(tiny_model_dir))
     randomize_lora(learner, seed=7, std=0.1)
     batch = random_batch(8, seed=24)
-    base_ref = learner.reference_logprobs(batch)
+    base_ref = reference_logprobs(learner, batch)
     learner.save_checkpoint(tmp_path / "early")
     learner.refresh_reference(1.0)
-    assert max_diff(learner.reference_logprobs(batch), base_ref) > 1e-2
+    assert max_diff(reference_logprobs(learner, batch), base_ref) > 1e-2
     learner.load_checkpoint(tmp_path / "early")
-    assert learner.reference.refreshes == 0 and learner.reference_logprobs(batch) == base_ref
+    assert learner.reference.refreshes == 0 and reference_logprobs(learner, batch) == base_ref
 
 
 def test_full_finetuning_reference_mixes_parameters(tiny_model_dir, tmp_path):
@@ -134,10 +134,10 @@ def test_full_finetuning_reference_mixes_parameters(tiny_model_dir, tmp_path):
     learner.save_checkpoint(tmp_path / "ckpt")
     other, _ = make_learner(cfg)
     other.load_checkpoint(tmp_path / "ckpt")
-    assert other.reference_logprobs(batch) == learner.reference_logprobs(batch)
+    assert reference_logprobs(other, batch) == reference_logprobs(learner, batch)
 
     learner.refresh_reference(1.0)
-    assert max_diff(learner.reference_logprobs(batch), learner.compute_logprobs(batch)) < 1e-6
+    assert max_diff(reference_logprobs(learner, batch), learner.compute_logprobs(batch)) < 1e-6
 
 
 def test_refresh_rejects_a_mix_outside_0_1(tiny_model_dir):

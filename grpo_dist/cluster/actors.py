@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import ray
 
@@ -19,6 +20,13 @@ class _Placed:
 
     def node_info(self) -> dict:
         return {"ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
+
+    def debug_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """The one test and fault-injection hook: run ``fn(worker, *args, **kwargs)`` inside this
+        actor on its plain worker object and return the result. Training never calls it; the
+        functions tests pass live in ``grpo_dist.learner.testing`` (``loss_inputs``, ``set_lr``)
+        and ``grpo_dist.rollout.testing`` (``hang_next_generate``)."""
+        return fn(self, *args, **kwargs)
 
 
 class RolloutActor(_Placed, RolloutWorker):

@@ -28,7 +28,7 @@ from .batching import Collated, collate, gather_completion, micro_batch_rows
 from .loss import compute_loss
 from .optim import deepspeed_config, gradient_accumulation_steps, make_scheduler_factory
 from .reference import Reference
-from .state import MetricAccumulator, cpu_copies, global_norm, strip_prefixes
+from .state import MetricAccumulator, global_norm
 from .weights_io import WeightsIO
 
 
@@ -48,7 +48,6 @@ class Learner(WeightsIO):
         self._version = 0
         self._pad_id = 0
         self._gas = 1
-        self._capture: Optional[dict[str, torch.Tensor]] = None
         # Source of old_logp, the ratio's denominator. "policy": logp.detach() when
         # num_iterations == 1 (ratio 1, strictly on-policy), else recomputed once before the first
         # update. "behaviour": the rollout engine's log-probs (batch.behaviour_logprobs), for the
@@ -174,13 +173,6 @@ class Learner(WeightsIO):
             out += [logp[r, :n].tolist() for r, n in enumerate(mb.lengths)]
         return out
 
-    def reference_logprobs(self, batch: TrainBatch) -> list[list[float]]:
-        """Per-completion-token log-probs of the reference (see ``reference.py``)."""
-        self._require_setup()
-        mb = self._collate(batch)
-        logp = self._logprobs_nograd(mb, reference=True).cpu()
-        return [logp[r, :n].tolist() for r, n in enumerate(mb.lengths)]
-
     def _loss(self, logp, old_logp, ref_logp, mb: Collated, global_tokens, global_seqs):
         max_len = self.cfg.algo.max_len or self.cfg.rollout.max_tokens
         return compute_loss(self.cfg.algo, logp, old_logp, ref_logp, mb.advantages, mb.mask, max_len=max_len,
@@ -234,10 +226,8 @@ class Learner(WeightsIO):
                 if it == 0:
                     self._diagnostics(acc, logp.detach(), ent, mb)
                 self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
-                if i == len(micro) - 1:
-                    grads = self._boundary_grads(it)
-                    if grads is not None:
-                        grad_norms.append(global_norm(grads))
+                if i == len(micro) - 1 and self.cfg.learner.zero_stage == 0:
+                    grad_norms.append(global_norm(self._full_grads()))
                 self.engine.step()
             self._version += 1
             gn = self.engine.get_global_grad_norm()
@@ -295,51 +285,12 @@ class Learner(WeightsIO):
                 acc.add({"logprob_diff_behaviour_max": float(diff.max())}, nv)
                 acc.add_weighted("logprob_diff_behaviour_mean", float(diff.sum()) / nv, nv)
 
-    def _boundary_grads(self, iteration: int) -> Optional[list[torch.Tensor]]:
-        """Gradients at the accumulation boundary, before clipping and the optimizer step.
-
-        Returns them for the grad-norm metric on ZeRO stage 0 (where DeepSpeed does not record the
-        norm); fills ``self._capture`` when a test asked for them.
-        """
-        stage0 = self.cfg.learner.zero_stage == 0
-        if not stage0 and self._capture is None:
-            return None
+    def _full_grads(self) -> list[Optional[torch.Tensor]]:
+        """Gradients at the accumulation boundary, before clipping and the optimizer step (for the
+        grad-norm metric on ZeRO stage 0, where DeepSpeed does not record the norm)."""
         from deepspeed.utils import safe_get_full_grad
 
-        named = [(n, p) for n, p in self.engine.module.named_parameters() if p.requires_grad]
-        grads = [safe_get_full_grad(p) for _, p in named]
-        if self._capture is not None and iteration == 0:
-            self._capture.update(cpu_copies(
-                (strip_prefixes(n), g if g is not None else torch.zeros_like(p))
-                for (n, p), g in zip(named, grads)))
-        return grads if stage0 else None
-
-    def grads_for_test(self, batch: TrainBatch) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-        """Run ``train_step`` and also return the first update's gradient (after the reduction over
-        micro-batches and ranks, before clipping and Adam) as ``{param name: CPU tensor}``."""
-        self._capture = {}
-        try:
-            metrics = self.train_step(batch)
-            return self._capture, metrics
-        finally:
-            self._capture = None
-
-    def set_lr_for_test(self, lr: float) -> None:
-        """Fault injection for tests: force the learning rate (e.g. inf) from the next step on."""
-        for group in self.engine.optimizer.param_groups:
-            group["lr"] = lr
-        sched = self.engine.lr_scheduler
-        if sched is not None:
-            sched.base_lrs = [lr for _ in sched.base_lrs]
-
-    def loss_inputs_for_test(self, batch: TrainBatch) -> dict[str, torch.Tensor]:
-        """The tensors the loss sees for the whole batch in one forward (no grad): logp, ref_logp,
-        mask, advantages -- for checking train/loss against grpo_dist.algo called directly."""
-        mb = self._collate(batch)
-        out = {"logp": self._logprobs_nograd(mb), "mask": mb.mask, "advantages": mb.advantages}
-        if self._needs_ref():
-            out["ref_logp"] = self._logprobs_nograd(mb, reference=True)
-        return out
+        return [safe_get_full_grad(p) for p in self._trainable()]
 
     def refresh_reference(self, mix: Optional[float] = None) -> dict[str, float]:
         """Mix the current policy into the KL reference (``algo.ref_refresh_mix`` unless given);

@@ -1,4 +1,6 @@
-"""Helpers for learner tests and checks (importable by spawned processes, unlike test modules).
+"""Helpers for learner tests and checks (importable by spawned processes and Ray actors, unlike
+test modules): test configs and batches, and the functions that look inside or inject faults into a
+``Learner`` (passed to a Ray learner actor through its one hook, ``debug_call``).
 
 Nothing here is used in training.
 """
@@ -59,13 +61,71 @@ def randomize_lora(learner, seed: int = 0, std: float = 0.05) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * std)
 
 
+def reference_logprobs(learner, batch: TrainBatch) -> list[list[float]]:
+    """Per-completion-token log-probs of the learner's KL reference (see ``reference.py``), no grad."""
+    mb = learner._collate(batch)
+    logp = learner._logprobs_nograd(mb, reference=True).cpu()
+    return [logp[r, :n].tolist() for r, n in enumerate(mb.lengths)]
+
+
+def loss_inputs(learner, batch: TrainBatch) -> dict[str, torch.Tensor]:
+    """The tensors the loss sees for the whole batch in one forward (no grad): logp, ref_logp,
+    mask, advantages -- for checking train/loss against grpo_dist.algo called directly. Also runs
+    inside a Ray learner actor: ``actor.debug_call.remote(loss_inputs, batch)``."""
+    mb = learner._collate(batch)
+    out = {"logp": learner._logprobs_nograd(mb), "mask": mb.mask, "advantages": mb.advantages}
+    if learner._needs_ref():
+        out["ref_logp"] = learner._logprobs_nograd(mb, reference=True)
+    return out
+
+
+def set_lr(learner, lr: float) -> None:
+    """Fault injection: force the learning rate (e.g. inf) from the next step on
+    (``actor.debug_call.remote(set_lr, float("inf"))`` for a Ray learner actor)."""
+    for group in learner.engine.optimizer.param_groups:
+        group["lr"] = lr
+    sched = learner.engine.lr_scheduler
+    if sched is not None:
+        sched.base_lrs = [lr for _ in sched.base_lrs]
+
+
+def train_step_with_grads(learner, batch: TrainBatch) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """Run ``learner.train_step`` and also return the first update's gradient (after the reduction
+    over micro-batches and ranks, before clipping and Adam) as ``{param name: CPU tensor}``.
+
+    Wraps ``engine.step`` for the call: at the first accumulation boundary it copies every
+    trainable parameter's full gradient (a collective under ZeRO-3: every rank must call this).
+    """
+    from deepspeed.utils import safe_get_full_grad
+
+    from grpo_dist.learner.state import cpu_copies, strip_prefixes
+
+    engine, captured = learner.engine, {}
+    step = engine.step
+
+    def capturing_step(*args, **kwargs):
+        if not captured and engine.is_gradient_accumulation_boundary():
+            named = [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad]
+            grads = [safe_get_full_grad(p) for _, p in named]
+            captured.update(cpu_copies((strip_prefixes(n), g if g is not None else torch.zeros_like(p))
+                                       for (n, p), g in zip(named, grads)))
+        return step(*args, **kwargs)
+
+    engine.step = capturing_step
+    try:
+        metrics = learner.train_step(batch)
+    finally:
+        del engine.step  # back to the class's method
+    return captured, metrics
+
+
 def two_step_grads(learner, batch: TrainBatch, batch2: TrainBatch) -> dict[str, Any]:
     """Randomise LoRA B, then two train steps recording the reduced gradients, metrics and the
     exported tensors after the first update."""
     randomize_lora(learner, seed=3)
-    grads1, m1 = learner.grads_for_test(batch)
+    grads1, m1 = train_step_with_grads(learner, batch)
     update = learner.export_update()
-    grads2, m2 = learner.grads_for_test(batch2)
+    grads2, m2 = train_step_with_grads(learner, batch2)
     return dict(grads1=grads1, m1=m1, grads2=grads2, m2=m2,
                 tensors=update.tensors if update is not None else None, version=learner.version)
 

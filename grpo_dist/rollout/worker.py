@@ -41,7 +41,6 @@ class RolloutWorker:
         self.engine: Generator | None = None
         self.store: AdapterStore | None = None
         self.transport = make_transport(cfg.sync)
-        self._hang_s = 0.0  # fault injection (tests): the next generate call stalls this long
 
     # -- lifecycle -------------------------------------------------------------------------
     def setup(self) -> dict[str, Any]:
@@ -73,9 +72,6 @@ class RolloutWorker:
                  seed: int | None = None) -> list[RolloutGroup]:
         """``prompts`` are ``PromptRecord``s (id, prompt, columns). Returns one group per prompt."""
         assert self.engine is not None, "call setup() first"
-        if self._hang_s:
-            hang, self._hang_s = self._hang_s, 0.0
-            time.sleep(hang)
         spec = self.sampling_spec(n, temperature, seed)
         if spec.greedy:
             spec.n = 1 if n is None else n
@@ -113,10 +109,6 @@ class RolloutWorker:
         self.engine.set_adapter(version, path)
         self.version = version
         return {"version": version}
-
-    def hang_for_test(self, seconds: float) -> None:
-        """Fault injection: the next ``generate`` call stalls ``seconds`` first (a hung engine)."""
-        self._hang_s = float(seconds)
 
     def health(self) -> dict[str, Any]:
         return {"rank": self.rank, "version": self.version, "ready": self.ready()}

@@ -1,0 +1,22 @@
+"""Fault injection for rollout-worker tests (importable by Ray actors, unlike test modules).
+
+Pass these to a Ray rollout actor through its one hook: ``actor.debug_call.remote(fn, *args)``.
+Nothing here is used in training.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+def hang_next_generate(worker, seconds: float) -> None:
+    """The worker's next engine ``generate`` call stalls ``seconds`` first (a hung engine)."""
+    engine = worker.engine
+    generate = engine.generate
+
+    def stalled(*args, **kwargs):
+        engine.generate = generate  # only this call hangs
+        time.sleep(seconds)
+        return generate(*args, **kwargs)
+
+    engine.generate = stalled
