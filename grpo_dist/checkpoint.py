@@ -1,6 +1,11 @@
 """Checkpoints: ``<checkpoint.dir>/step_<n>/`` holds the learner's DeepSpeed state (optimizer,
 scheduler, step), the adapter in PEFT format (``adapter/``), and ``trainer_state.json`` (step,
-data position, RNG states). ``checkpoint.resume: auto`` continues from the newest one.
+data position, the driver process's Python ``random`` state and torch's initial seed).
+``checkpoint.resume: auto`` continues from the newest one.
+
+RNG: resuming restores only the driver's Python ``random`` state. No actor's RNG is saved: the
+learner's torch generators (LoRA dropout) and the rollout engines' sampling start again from their
+configured seeds, so a resumed run is not bit-identical to an uninterrupted one.
 """
 
 from __future__ import annotations

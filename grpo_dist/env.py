@@ -25,7 +25,7 @@ def setup_env() -> dict[str, str]:
         "RAY_AUTH_MODE": "disabled",
         "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_DEDUP_LOGS": "1",
-        # vLLM: no usage stats; V1 engine in-process keeps one engine per actor simple to manage.
+        # vLLM: no usage stats, warnings only.
         "VLLM_NO_USAGE_STATS": "1",
         "VLLM_DO_NOT_TRACK": "1",
         "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),

@@ -9,7 +9,8 @@ from grpo_dist.types import RewardResult, RolloutGroup
 
 
 def split(items: list[Any], parts: int) -> list[list[Any]]:
-    """Contiguous, balanced shards (empty shards dropped at the end)."""
+    """``parts`` contiguous shards whose sizes differ by at most one. With fewer items than parts
+    some shards are empty (not only the last ones); the callers send nothing to those ranks."""
     n = len(items)
     return [items[n * i // parts: n * (i + 1) // parts] for i in range(parts)]
 

@@ -2,7 +2,10 @@
 
 The learner's returned ``AdapterUpdate`` already lives in the object store as the result of
 ``learner.publish_update.remote()``; the driver hands the same ``ObjectRef`` to every worker, so
-the tensors are serialised once and each node fetches them once (zero-copy within a node).
+the tensors are serialised once and each node fetches them once. Each worker then deserialises its
+own copy (Ray pickles torch tensors: its zero-copy reads are for numpy arrays, or for torch only
+with ``RAY_ENABLE_ZERO_COPY_TORCH_TENSORS``, which this project does not set) and writes it to its
+``AdapterStore``.
 """
 
 from __future__ import annotations
