@@ -7,7 +7,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stamp-install
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
-export HF_HUB_OFFLINE := 1
+# The tests and the embedded demo use local models and data only. `grpo-dist` itself reaches the
+# Hugging Face Hub (hub model ids, hf: datasets) unless HF_HUB_OFFLINE=1 is exported.
+export HF_HUB_OFFLINE ?= 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: setup test test-fast demo bench bench-pipeline clean-runs

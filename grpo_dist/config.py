@@ -33,7 +33,8 @@ class TinyModelSpec(Section):
 
 
 class ModelConfig(Section):
-    path: str = Field("models/tiny-add", description="HF model directory (local path) loaded by vLLM and the learner.")
+    path: str = Field("models/tiny-add", description="Model loaded by vLLM and the learner: a local HF model directory, "
+                      "or a hub id (Qwen/Qwen2.5-0.5B-Instruct) fetched into the HF cache unless HF_HUB_OFFLINE=1.")
     make_if_missing: Optional[TinyModelSpec] = Field(
         None, description="If set and model.path does not exist, generate a local tiny model there first.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype for learner and vLLM.")
@@ -52,11 +53,13 @@ class LoraConfig(Section):
 
 
 class DataConfig(Section):
-    path: str = Field("builtin:add", description="Prompts: builtin:<task>[?n=&max_operand=], .jsonl, .json, .parquet or a saved HF dataset dir.")
-    split: Optional[str] = Field(None, description="Split of a saved HF DatasetDict.")
-    eval_path: Optional[str] = Field("builtin:add", description="Held-out prompts (same formats); null = no eval.")
+    path: str = Field("builtin:add", description="Prompts: builtin:<task>[?n=&max_operand=], .jsonl, .json, .parquet, a saved HF dataset dir or hf:<hub name>[:<config>] (README: Data sources).")
+    split: Optional[str] = Field(None, description="Split of a saved HF DatasetDict or hub dataset (default train).")
+    eval_path: Optional[str] = Field("auto", description="Held-out prompts: auto = the data's test split, else "
+                                     "data.eval_size prompts held out of training; or a source (same formats); null = no eval.")
     eval_split: Optional[str] = Field(None, description="Split of the eval dataset.")
-    eval_size: int = Field(64, gt=0, description="Number of held-out prompts used by evaluation.")
+    eval_size: int = Field(64, gt=0, description="Number of held-out prompts used by evaluation (eval_path auto "
+                           "without a test split: held out of the training prompts, at most half of them).")
     prompt_column: str = Field("prompt", description="Column holding the prompt text.")
     answer_column: str = Field("answer", description="Column holding the reference answer.")
     column_mapping: dict[str, str] = Field(default_factory=dict, description="Rename source columns {source: target}.")

@@ -16,8 +16,6 @@ def setup_env() -> dict[str, str]:
     defaults = {
         # DeepSpeed compiles its CPU ops once into the project's cache, not ~/.cache.
         "TORCH_EXTENSIONS_DIR": str(PROJECT_CACHE / "torch_extensions"),
-        # No model hub: every model is a local directory.
-        "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
         "TOKENIZERS_PARALLELISM": "false",
         # Ray on loopback only, no token auth for a local head.
@@ -36,5 +34,8 @@ def setup_env() -> dict[str, str]:
         os.environ.setdefault(k, v)
     Path(os.environ["TORCH_EXTENSIONS_DIR"]).mkdir(parents=True, exist_ok=True)
     # not PYTHONPATH: inside a Ray job it points at this node's copy of the working_dir
-    keys = list(defaults) + ["VLLM_CPU_KVCACHE_SPACE", "WANDB_MODE", "WANDB_DIR", "GRPO_DIST_CACHE"]
+    # The hub is reachable unless the user exports HF_HUB_OFFLINE=1 (the tests do); the HF
+    # settings the user exported travel to the workers (not HF_TOKEN: workers read their node's login).
+    hf = ["HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HF_HUB_CACHE", "HF_ENDPOINT"]
+    keys = list(defaults) + ["VLLM_CPU_KVCACHE_SPACE", "WANDB_MODE", "WANDB_DIR", "GRPO_DIST_CACHE"] + hf
     return {k: os.environ[k] for k in keys if k in os.environ}

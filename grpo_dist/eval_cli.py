@@ -15,10 +15,9 @@ def run_eval(cfg: Config, adapter: str | None, out: str | None = None) -> dict[s
     from grpo_dist.cluster.actors import create_generators
     from grpo_dist.cluster.ray_utils import init_ray, shutdown_ray
     from grpo_dist.evaluation import eval_metrics, evaluate
-    from grpo_dist.setup_run import load_data, prepare_model
+    from grpo_dist.preflight import prepared_data
 
-    prepare_model(cfg)
-    _, records = load_data(cfg)
+    _, records = prepared_data(cfg)  # the held-out prompts training would evaluate on
     if not records:
         raise ConfigError("data.eval_path: evaluation needs held-out prompts")
     init_ray(cfg)
@@ -59,7 +58,8 @@ def _log_wandb(cfg: Config, report: dict[str, Any], eval_metrics) -> None:
         if which in report:
             wb.log({f"{which}/{k}": v for k, v in eval_metrics(report[which]).items()}, step=0)
             for s in report[which].get("samples", []):
-                rows.append([which, s["prompt"], s["answer"], " | ".join(s["completions"]), sum(s["correct"])])
+                n_correct = sum(s["correct"]) if s["correct"] is not None else None  # None: no accuracy reward
+                rows.append([which, s["prompt"], s["answer"], " | ".join(s["completions"]), n_correct])
     wb.log_table("eval_samples", ["policy", "prompt", "answer", "completions", "n_correct"], rows, step=0)
     report["wandb_dir"] = wb.run_dir
     wb.close()

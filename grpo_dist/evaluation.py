@@ -1,69 +1,156 @@
 """Held-out evaluation through the same rollout and reward workers the trainer uses.
 
-Reports sampled accuracy (n samples per prompt at the eval temperature), greedy accuracy,
-unbiased pass@k and the mean total reward. Accuracy is the built-in ``correctness`` reward
-against the dataset's answer column. The sampling seed is fixed, so "before" and "after" see
-the same prompts and the same random stream.
+The eval set follows the data (``data.eval_path: auto``, see :mod:`grpo_dist.data.heldout`) and
+is scored with the configured reward functions:
+
+* every configured reward whose dataset columns the eval set has is scored and reported
+  (``reward_means``, ``mean_reward`` = the weighted total, as in training);
+* rewards that need a column the eval set lacks (``correctness`` and ``math`` need ``answer``)
+  are skipped; the report's ``rewards_skipped`` and a log line say which and why;
+* accuracy comes from the rewards that check a reference column (``accuracy_rewards``): a
+  completion is correct when each of them gives it at least 1.0 (``correctness`` and ``math``
+  give 1.0 for a match). Then the report has sampled accuracy (n samples per prompt at the eval
+  temperature), greedy accuracy and unbiased pass@k; without such a reward, only the rewards.
+
+The sampling seed is fixed, so "before" and "after" see the same prompts and the same random
+stream.
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from grpo_dist.algo import pass_at_k
-from grpo_dist.cluster import dispatch
-from grpo_dist.cluster.ray_utils import ActorGroup
 from grpo_dist.config import Config
-from grpo_dist.reward.builtin import correctness_reward
+
+if TYPE_CHECKING:  # plan_eval is used by the pre-flight check, before torch or Ray are imported
+    from grpo_dist.cluster.ray_utils import ActorGroup
 
 EVAL_SEED = 1234
+CORRECT_AT = 1.0  # a reference-checking reward at or above this marks a completion correct
+
+log = logging.getLogger("grpo_dist.evaluation")
+_said: set[str] = set()
 
 
-def _correct(groups) -> list[list[float]]:
-    out = []
+@dataclass
+class EvalPlan:
+    """Which configured rewards score this eval set: ``used`` (config order), ``skipped``
+    (name -> the columns it needs and the eval set lacks) and ``accuracy`` (the used rewards
+    that check a reference column)."""
+
+    used: list[str]
+    skipped: dict[str, list[str]] = field(default_factory=dict)
+    accuracy: list[str] = field(default_factory=list)
+
+    def describe(self) -> str | None:
+        """The log line for an eval set that cannot be scored like training (None if it can)."""
+        if self.skipped:
+            why = "; ".join(f"{n} needs {', '.join(repr(c) for c in cols)}" for n, cols in self.skipped.items())
+            acc = "" if self.accuracy else "; no accuracy or pass@k"
+            return (f"evaluation: the eval set lacks columns some rewards need ({why}): scoring with "
+                    f"{', '.join(self.used) or 'no reward'} only{acc}")
+        if not self.accuracy:
+            return (f"evaluation: no configured reward checks a reference answer; reporting the rewards "
+                    f"{', '.join(self.used)} (no accuracy or pass@k)")
+        return None
+
+
+def plan_eval(rewards: dict[str, tuple[Any, set[str]]], records: list[Any]) -> EvalPlan:
+    """The :class:`EvalPlan` of ``records`` (the columns every one of them has) for ``rewards``
+    (name -> (NamedReward, required columns), as ``preflight.check_rewards`` returns them)."""
+    from grpo_dist.preflight import PIPELINE_COLUMNS
+
+    have = set.intersection(*[{k for k, v in r.columns.items() if v is not None} for r in records]) \
+        if records else set()
+    plan = EvalPlan(used=[])
+    for name, (_, cols) in rewards.items():
+        need = set(cols) - PIPELINE_COLUMNS
+        missing = sorted(need - have)
+        if missing:
+            plan.skipped[name] = missing
+            continue
+        plan.used.append(name)
+        if need:
+            plan.accuracy.append(name)
+    return plan
+
+
+def summarise(plan: EvalPlan, groups: list[Any], scores: Any) -> tuple[dict[str, Any], list[list[float]] | None]:
+    """Report fields of one generation pass (``groups`` scored as ``scores``, a RewardResult over
+    ``plan.used``) and the per-group correctness (None without accuracy rewards)."""
+    n = len(scores.total)
+    out: dict[str, Any] = {"mean_reward": sum(scores.total) / n if n else 0.0,
+                           "reward_means": {k: sum(v) / len(v) for k, v in scores.per_function.items() if v}}
+    if not plan.accuracy:
+        return out, None
+    flat = [float(all(scores.per_function[a][i] >= CORRECT_AT for a in plan.accuracy)) for i in range(n)]
+    correct, i = [], 0
     for g in groups:
-        comps = [r.completion for r in g.rollouts]
-        answers = [r.columns.get("answer") for r in g.rollouts]
-        if any(a is None for a in answers):
-            raise ValueError("evaluation needs an answer column in the eval dataset (data.answer_column)")
-        out.append([float(x) for x in correctness_reward([r.prompt for r in g.rollouts], comps, answer=answers)])
-    return out
+        correct.append(flat[i:i + len(g.rollouts)])
+        i += len(g.rollouts)
+    out["accuracy"] = sum(flat) / n if n else 0.0
+    return out, correct
 
 
-def evaluate(cfg: Config, rollout: ActorGroup, reward: ActorGroup, records: list[Any],
+def _say_once(msg: str | None) -> None:
+    if msg and msg not in _said:
+        _said.add(msg)
+        log.warning(msg)
+
+
+def evaluate(cfg: Config, rollout: "ActorGroup", reward: "ActorGroup", records: list[Any],
              with_samples: int = 0) -> dict[str, Any]:
     """Metrics of the policy the rollout workers currently serve, on ``records``."""
+    from grpo_dist.algo import pass_at_k
+    from grpo_dist.cluster import dispatch
+    from grpo_dist.preflight import check_rewards
+
     t0 = time.perf_counter()
+    plan = plan_eval(check_rewards(cfg), records)
+    _say_once(plan.describe())
     n = cfg.eval.samples_per_prompt
     temp = cfg.eval.temperature if cfg.eval.temperature is not None else cfg.rollout.temperature
     groups = dispatch.generate(rollout, records, n=n, temperature=temp, seed=EVAL_SEED)
-    correct = _correct(groups)
-    scores = dispatch.score(reward, groups)
-    flat_correct = [c for row in correct for c in row]
+    sampled, correct = summarise(plan, groups, dispatch.score(reward, groups, functions=plan.used))
     report: dict[str, Any] = {
         "num_prompts": len(records),
         "samples_per_prompt": n,
         "temperature": temp,
-        "sampled_accuracy": sum(flat_correct) / len(flat_correct),
-        "mean_reward": sum(scores.total) / len(scores.total),
+        "rewards_used": plan.used,
+        "rewards_skipped": {k: f"needs column(s) {', '.join(v)}" for k, v in plan.skipped.items()},
+        "accuracy_rewards": plan.accuracy,
+        "mean_reward": sampled["mean_reward"],
+        "reward_means": sampled["reward_means"],
     }
-    for k in cfg.eval.pass_k:
-        report[f"pass@{k}"] = sum(pass_at_k(n, int(sum(row)), k) for row in correct) / len(correct)
+    if plan.describe():
+        report["note"] = plan.describe()
+    if correct is not None:
+        report["sampled_accuracy"] = sampled["accuracy"]
+        for k in cfg.eval.pass_k:
+            report[f"pass@{k}"] = sum(pass_at_k(n, int(sum(row)), k) for row in correct) / len(correct)
     if cfg.eval.greedy:
         greedy = dispatch.generate(rollout, records, n=1, temperature=0.0, seed=EVAL_SEED)
-        gc = _correct(greedy)
-        report["greedy_accuracy"] = sum(row[0] for row in gc) / len(gc)
+        g, _ = summarise(plan, greedy, dispatch.score(reward, greedy, functions=plan.used))
+        report["greedy_mean_reward"] = g["mean_reward"]
+        if "accuracy" in g:
+            report["greedy_accuracy"] = g["accuracy"]
     report["seconds"] = time.perf_counter() - t0
     if with_samples:
         report["samples"] = [
-            {"prompt": g.rollouts[0].prompt, "answer": str(g.rollouts[0].columns.get("answer")),
-             "completions": [r.completion for r in g.rollouts], "correct": row}
-            for g, row in list(zip(groups, correct))[:with_samples]]
+            {"prompt": grp.rollouts[0].prompt, "answer": str(grp.rollouts[0].columns.get("answer")),
+             "completions": [r.completion for r in grp.rollouts],
+             "correct": correct[j] if correct is not None else None}
+            for j, grp in enumerate(groups[:with_samples])]
     return report
 
 
 def eval_metrics(report: dict[str, Any]) -> dict[str, float]:
-    """The ``eval/…`` scalars of a report."""
-    keys = ["sampled_accuracy", "greedy_accuracy", "mean_reward"] + [k for k in report if k.startswith("pass@")]
-    return {f"eval/{k}": float(report[k]) for k in keys if k in report}
+    """The ``eval/…`` scalars of a report (``eval/reward/<name>`` per reward)."""
+    keys = ["sampled_accuracy", "greedy_accuracy", "mean_reward", "greedy_mean_reward"] + \
+        [k for k in report if k.startswith("pass@")]
+    out = {f"eval/{k}": float(report[k]) for k in keys if k in report}
+    out.update({f"eval/reward/{k}": float(v) for k, v in report.get("reward_means", {}).items()})
+    return out

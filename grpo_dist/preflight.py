@@ -61,17 +61,20 @@ def check(cfg: Config, log_fn: Callable[[str], None] = print) -> Checked:
     key = dump_config(cfg)
     if key in _CACHE:
         return _CACHE[key]
+    from grpo_dist.evaluation import plan_eval
     from grpo_dist.setup_run import load_data, prepare_model
 
     prepare_model(cfg, log_fn)
     _check_model_json(cfg)  # the cheap checks first: no transformers/torch import before them
     rewards = check_rewards(cfg)
-    train, evals = load_data(cfg)
+    train, evals = load_data(cfg, log_fn)
     splits = [("train", "data.path", cfg.data.path, train), ("eval", "data.eval_path", cfg.data.eval_path, evals)]
     for split, key_name, source, records in splits:
         if records:
             _check_empty(records, key_name, source)
-            _check_columns(records, rewards, key_name, source, need_answer=split == "eval" and _evaluates(cfg))
+            # an eval set lacking a column is scored with the rewards that need none (evaluation.plan_eval)
+            if split == "train" or not plan_eval(rewards, records).used:
+                _check_columns(records, rewards, key_name, source)
     tokenizer = check_model(cfg)
     room = cfg.model.max_model_len - cfg.rollout.max_tokens
     limit = cfg.data.max_prompt_tokens or room
@@ -91,14 +94,12 @@ def check(cfg: Config, log_fn: Callable[[str], None] = print) -> Checked:
     return out
 
 
-def _evaluates(cfg: Config) -> bool:
-    return bool(cfg.trainer.eval_before_after or cfg.trainer.eval_every)
-
-
 # ------------------------------------------------------------------------------------- model
 
 def _check_model_json(cfg: Config) -> None:
-    path = Path(cfg.model.path)
+    from grpo_dist.hub import local_model_dir  # a hub id: its snapshot in the HF cache
+
+    path = local_model_dir(cfg.model.path)
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise ConfigError(f"model.path: no model at {path} (no config.json)")
@@ -116,7 +117,9 @@ def _check_model_json(cfg: Config) -> None:
 def check_model(cfg: Config) -> Any:
     """Load the model's config and tokenizer from ``model.path``; return the tokenizer."""
     _check_model_json(cfg)
-    path = Path(cfg.model.path)
+    from grpo_dist.hub import local_model_dir
+
+    path = local_model_dir(cfg.model.path)
     from transformers import AutoConfig, AutoTokenizer
 
     try:
@@ -190,14 +193,11 @@ def required_columns(spec: str, fn: Any, key: str) -> set[str]:
     return need
 
 
-def _check_columns(records: list[Any], rewards: dict[str, tuple[Any, set[str]]], key: str, source: Any,
-                   need_answer: bool) -> None:
+def _check_columns(records: list[Any], rewards: dict[str, tuple[Any, set[str]]], key: str, source: Any) -> None:
     wanted: dict[str, str] = {}
     for name, (_, cols) in rewards.items():
         for c in sorted(cols):
             wanted.setdefault(c, f"reward function {name!r}")
-    if need_answer:
-        wanted.setdefault("answer", "evaluation (accuracy against the answer column)")
     for col, who in wanted.items():
         if col in PIPELINE_COLUMNS:
             continue

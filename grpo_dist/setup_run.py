@@ -15,11 +15,20 @@ log = logging.getLogger("grpo_dist")
 
 
 def prepare_model(cfg: Config, log_fn=print) -> None:
-    """Check ``model.path``; generate the local tiny model there if asked to and missing."""
+    """Check ``model.path``; fetch a hub model id into the HF cache (grpo_dist/hub.py); generate
+    the local tiny model there if asked to and missing."""
+    from grpo_dist.hub import fetch_model, is_hub_id
+
     path = Path(cfg.model.path)
     if (path / "config.json").is_file():
         return
     spec = cfg.model.make_if_missing
+    if spec is None and is_hub_id(cfg.model.path):
+        try:
+            fetch_model(cfg.model.path, log_fn)
+        except ValueError as e:
+            raise ConfigError(f"model.path: {e}") from None
+        return
     if spec is None:
         raise ConfigError(f"model.path: no model at {path} (no config.json); set model.make_if_missing or run "
                           f"`grpo-dist make-tiny-model {path}`")
@@ -43,21 +52,38 @@ def _load(cfg: Config, path: str, split: str | None, limit: int | None, default_
                         limit=limit)
 
 
-def load_data(cfg: Config) -> tuple[list[Any], list[Any]]:
-    """Training prompts and held-out prompts (possibly empty)."""
+def load_data(cfg: Config, log_fn=print) -> tuple[list[Any], list[Any]]:
+    """Training prompts and held-out prompts (possibly empty). ``data.eval_path: auto`` takes the
+    source's test split, else holds ``data.eval_size`` prompts out of training (data/heldout.py)."""
+    from grpo_dist.data.heldout import AUTO, hold_out, test_split_of
+
+    d = cfg.data
     try:
-        train = _load(cfg, cfg.data.path, cfg.data.split, cfg.data.limit, "train")
+        train = _load(cfg, d.path, d.split, d.limit, "train")
     except (ValueError, FileNotFoundError, KeyError) as e:
         raise ConfigError(f"data.path: {e}") from None
     if not train:
-        raise ConfigError(f"data.path: no prompts in {cfg.data.path}")
+        raise ConfigError(f"data.path: no prompts in {d.path}")
     evals: list[Any] = []
-    if cfg.data.eval_path:
+    eval_path, eval_split = d.eval_path, d.eval_split
+    if eval_path == AUTO:
+        found = test_split_of(d.path, d.split)
+        if found is None:
+            n_all = len(train)
+            train, evals = hold_out(train, d.eval_size, cfg.trainer.seed)
+            log_fn(f"evaluation: {len(evals)} of the {n_all} prompts of {d.path} held out of training "
+                   f"(no test split; data.eval_path auto, data.eval_size {d.eval_size})")
+            return train, evals
+        eval_path, eval_split = found[0], found[1] or eval_split
+    if eval_path:
         try:
-            evals = _load(cfg, cfg.data.eval_path, cfg.data.eval_split, cfg.data.eval_size, "eval")
+            evals = _load(cfg, eval_path, eval_split, d.eval_size, "eval")
         except (ValueError, FileNotFoundError, KeyError) as e:
             raise ConfigError(f"data.eval_path: {e}") from None
-    return train, evals[: cfg.data.eval_size]
+        if d.eval_path == AUTO:
+            where = f"the {eval_split!r} split of {eval_path}" if eval_split else eval_path
+            log_fn(f"evaluation: {len(evals[: d.eval_size])} prompts from {where} (data.eval_path auto)")
+    return train, evals[: d.eval_size]
 
 
 def make_monitor(cfg: Config):

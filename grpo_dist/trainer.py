@@ -216,9 +216,9 @@ class Trainer:
                                    "mean_timing": self._mean_timing()}
         for name, rep in (("before", before), ("after", after)):
             if rep is not None:
-                summary[f"sampled_accuracy_{name}"] = rep["sampled_accuracy"]
-                if "greedy_accuracy" in rep:
-                    summary[f"greedy_accuracy_{name}"] = rep["greedy_accuracy"]
+                for key in ("sampled_accuracy", "greedy_accuracy", "mean_reward"):  # no accuracy without answers
+                    if key in rep:
+                        summary[f"{key}_{name}"] = rep[key]
                 summary[f"eval_{name}"] = rep
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
         self.monitor.summary({k: v for k, v in summary.items() if not isinstance(v, dict)})

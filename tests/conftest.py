@@ -9,6 +9,7 @@ import pytest
 
 from grpo_dist.env import setup_env
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network: local models and datasets only
 setup_env()
 os.environ.setdefault("WANDB_MODE", "offline")
 

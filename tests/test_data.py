@@ -237,3 +237,81 @@ def test_check_edge_answers():
     assert check("-3", "-3") and check("x = -3", -3) and not check("3", "-3")
     assert not check("5", None) and not check("5", "five") and check("0", "-0")
     assert extract_last_int("a1b22c333") == "333" and extract_last_int("") is None
+
+
+# ---------------------------------------------------------------------------------- data.eval_path: auto
+
+def _cfg(**data):
+    from grpo_dist.config import config_from_dict
+
+    return config_from_dict({"data": data, "trainer": {"seed": 3}})
+
+
+def _load(cfg):
+    from grpo_dist.setup_run import load_data
+
+    said = []
+    train, evals = load_data(cfg, log_fn=said.append)
+    return train, evals, said
+
+
+def test_auto_eval_builtin_is_the_eval_split_as_before():
+    train, evals, _ = _load(_cfg(path="builtin:add", eval_size=16))
+    _, explicit, said = _load(_cfg(path="builtin:add", eval_path="builtin:add", eval_size=16))
+    assert [r.prompt for r in evals] == [r.prompt for r in explicit] and len(evals) == 16
+    assert not {r.prompt for r in evals} & {r.prompt for r in train}
+    assert said == []  # an explicit eval_path is not announced
+
+
+def test_auto_eval_saved_dataset_dict_test_split(tmp_path, rows_std):
+    datasets = pytest.importorskip("datasets")
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows_std[:8]),
+                          "test": datasets.Dataset.from_list(rows_std[8:])}).save_to_disk(str(tmp_path / "dd"))
+    train, evals, said = _load(_cfg(path=str(tmp_path / "dd"), eval_size=5))
+    assert len(train) == 8 and [r.prompt for r in evals] == ["8+8=", "9+9="]
+    assert said == [f"evaluation: 2 prompts from the 'test' split of {tmp_path / 'dd'} (data.eval_path auto)"]
+
+
+def test_auto_eval_sibling_test_file(tmp_path, rows_std):
+    (tmp_path / "gsm").mkdir()
+    train_path = _write_jsonl(tmp_path / "gsm" / "train.jsonl", rows_std[:7])
+    _write_jsonl(tmp_path / "gsm" / "test.jsonl", rows_std[7:])
+    train, evals, said = _load(_cfg(path=train_path))
+    assert len(train) == 7 and [r.answer for r in evals] == ["14", "16", "18"]
+    assert "test.jsonl" in said[0]
+
+
+def test_auto_eval_holds_out_a_seeded_slice(tmp_path):
+    rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(40)]
+    path = _write_jsonl(tmp_path / "only.jsonl", rows)
+    train, evals, said = _load(_cfg(path=path, eval_size=6))
+    assert len(train) == 34 and len(evals) == 6
+    assert not {r.id for r in train} & {r.id for r in evals}
+    assert sorted(r.id for r in train + evals) == list(range(40))
+    assert [r.id for r in evals] == sorted(r.id for r in evals)  # source order kept
+    assert said == [f"evaluation: 6 of the 40 prompts of {path} held out of training "
+                    f"(no test split; data.eval_path auto, data.eval_size 6)"]
+    again, evals2, _ = _load(_cfg(path=path, eval_size=6))
+    assert [r.id for r in evals2] == [r.id for r in evals]  # deterministic (trainer.seed)
+    # never more than half of the data
+    small = _write_jsonl(tmp_path / "small.jsonl", rows[:5])
+    train, evals, _ = _load(_cfg(path=small, eval_size=64))
+    assert (len(train), len(evals)) == (3, 2)
+    # null: no evaluation, nothing held out
+    train, evals, _ = _load(_cfg(path=path, eval_path=None))
+    assert len(train) == 40 and evals == []
+
+
+def test_hf_source_with_config_and_splits_offline(tmp_path, rows_std):
+    """``hf:`` goes through ``datasets.load_dataset``; a local data directory exercises the
+    same path with no network (HF_HUB_OFFLINE=1 in tests)."""
+    d = tmp_path / "hubdata"
+    d.mkdir()
+    _write_jsonl(d / "train.jsonl", rows_std[:6])
+    _write_jsonl(d / "test.jsonl", rows_std[6:])
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"
+    recs = load_prompts(f"hf:{d}")
+    assert len(recs) == 6 and recs[3].answer == "6"
+    assert [r.prompt for r in load_prompts(f"hf:{d}", split="test")] == ["6+6=", "7+7=", "8+8=", "9+9="]
+    train, evals, said = _load(_cfg(path=f"hf:{d}", eval_size=3))
+    assert len(train) == 6 and len(evals) == 3 and "'test' split" in said[0]

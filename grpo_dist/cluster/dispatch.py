@@ -38,8 +38,9 @@ def generate(rollout: ActorGroup, records: list[Any], timeout: float | None = No
     return collect_generate(rollout, submit_generate(rollout, records, **kwargs), timeout)
 
 
-def score(reward: ActorGroup, groups: list[RolloutGroup]) -> RewardResult:
-    """Completions (flattened, groups contiguous) sharded over the reward workers."""
+def score(reward: ActorGroup, groups: list[RolloutGroup], functions: list[str] | None = None) -> RewardResult:
+    """Completions (flattened, groups contiguous) sharded over the reward workers (``functions``:
+    only these reward names; None = all)."""
     flat = [r for g in groups for r in g.rollouts]
     shards = split(flat, len(reward))
     refs, ranks = [], []
@@ -52,7 +53,7 @@ def score(reward: ActorGroup, groups: list[RolloutGroup]) -> RewardResult:
         for k in keys:
             cols[k] = [r.columns.get(k) for r in s]
         cols["completion_ids"] = [r.completion_ids for r in s]
-        refs.append(a.score.remote([r.prompt for r in s], [r.completion for r in s], cols))
+        refs.append(a.score.remote([r.prompt for r in s], [r.completion for r in s], cols, functions))
     parts: list[RewardResult] = reward.get(refs, ranks=ranks)
     total, per_fn, errors = [], {}, {}
     for p in parts:

@@ -65,9 +65,10 @@ class RewardWorker:
         return [f.name for f in self.functions]
 
     def score(self, prompts: list[Any], completions: list[Any],
-              columns: dict[str, list] | None = None) -> RewardResult:
+              columns: dict[str, list] | None = None, functions: list[str] | None = None) -> RewardResult:
         """Score ``completions[i]`` (answering ``prompts[i]``); ``columns`` holds dataset columns,
-        one value per completion, passed to every function as keyword arguments.
+        one value per completion, passed to every function as keyword arguments. ``functions``:
+        only these names (evaluation skips the rewards whose columns the eval set lacks).
 
         ``total[i] = sum_f weight_f * per_function[f][i]``. Raises ``ValueError`` only for a
         malformed call (length mismatches), never because a reward function misbehaved.
@@ -84,6 +85,8 @@ class RewardWorker:
         errors: dict[str, int] = {}
         total = [0.0] * n
         for fn in self.functions:
+            if functions is not None and fn.name not in functions:
+                continue
             values, bad = self._run_one(fn, prompts, completions, columns) if n else ([], 0)
             per_function[fn.name], errors[fn.name] = values, bad
             for i, v in enumerate(values):
