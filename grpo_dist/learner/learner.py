@@ -28,7 +28,7 @@ from .batching import Collated, collate, gather_completion, micro_batch_rows
 from .loss import compute_loss
 from .optim import deepspeed_config, gradient_accumulation_steps, make_scheduler_factory
 from .reference import Reference
-from .state import MetricAccumulator, global_norm
+from .state import MetricAccumulator, all_reduce_floats, global_norm
 from .weights_io import WeightsIO
 
 
@@ -181,11 +181,7 @@ class Learner(WeightsIO):
     def _all_reduce_sum(self, values: list[float]) -> list[float]:
         if self.world_size == 1:
             return values
-        import torch.distributed as dist
-
-        t = torch.tensor(values, dtype=torch.float64, device=self.device if self.device.type == "cuda" else "cpu")
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return t.tolist()
+        return all_reduce_floats(values, "sum")  # on the backend's device (CUDA for NCCL)
 
     # ------------------------------------------------------------------ training
     def train_step(self, batch: TrainBatch) -> dict[str, float]:

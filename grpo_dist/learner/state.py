@@ -1,5 +1,17 @@
-"""Learner helpers without a model: metric accumulation across micro-batches and ranks,
-JSON-safe PEFT configs, and CPU copies of tensors for an ``AdapterUpdate``.
+"""Learner helpers without a model: metric accumulation across micro-batches and ranks, the
+learner's own collectives on the right device, JSON-safe PEFT configs, and CPU copies of tensors
+for an ``AdapterUpdate``.
+
+Collectives and their devices (the audit of ``grpo_dist/learner``; ``grpo_dist/algo`` has none):
+
+* ``all_reduce_floats`` (global token/sequence counts, the metric sums and maxima, the kept-token
+  count of ``top_entropy_frac``) and ``barrier`` (``weights_io``): on ``collective_device()``, the
+  device the process group's backend takes -- CUDA for NCCL (which rejects CPU tensors: "No
+  backend type associated with device type cpu"), CPU for gloo / MPI / a ``cpu:gloo,...`` group.
+* ``all_gather_object`` (the entropy pool of ``top_entropy_frac``): torch picks the device itself
+  (the current CUDA device for NCCL, set by ``Learner.setup``); the gathered objects are CPU tensors.
+* DeepSpeed's own collectives (gradient reduction, ZeRO partition gathers in ``GatheredParameters``)
+  run on the engine's device.
 """
 
 from __future__ import annotations
@@ -56,15 +68,10 @@ class MetricAccumulator:
         nd = [self.num[k] for k in MEAN_KEYS] + [self.den[k] for k in MEAN_KEYS]
         mx = [self.max[k] for k in MAX_KEYS]
         if world_size > 1:
-            import torch.distributed as dist
-
-            t = torch.tensor(sums + nd, dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
-            m = torch.tensor([x if math.isfinite(x) else -1e300 for x in mx], dtype=torch.float64)
-            dist.all_reduce(m, op=dist.ReduceOp.MAX)
-            vals = t.tolist()
+            vals = all_reduce_floats(sums + nd, "sum")
+            m = all_reduce_floats([x if math.isfinite(x) else -1e300 for x in mx], "max")
             sums, nd = vals[:len(SUM_KEYS)], vals[len(SUM_KEYS):]
-            mx = [x if x > -1e299 else -math.inf for x in m.tolist()]
+            mx = [x if x > -1e299 else -math.inf for x in m]
         out: dict[str, float] = {}
         for k, v in zip(SUM_KEYS, sums):
             out[f"train/{k}"] = v / max(1, iterations)
@@ -76,6 +83,45 @@ class MetricAccumulator:
             if math.isfinite(v):
                 out[f"train/{k}"] = -v if k == "ratio_min" else v
         return out
+
+
+def collective_device(backend: Optional[str] = None, cuda_index: Optional[int] = None) -> torch.device:
+    """The device whose tensors ``backend`` reduces (default: the default process group's backend).
+
+    ``nccl`` -> ``cuda:<cuda_index>`` (default the current CUDA device: ``Learner.setup`` sets it);
+    ``gloo``, ``mpi``, ``ccl`` and any group that has a CPU backend (``"cpu:gloo,cuda:nccl"``) ->
+    CPU: the values reduced here are host floats, so CPU avoids two copies where it is allowed.
+    """
+    if backend is None:
+        import torch.distributed as dist
+
+        backend = str(dist.get_backend())
+    b = backend.lower()
+    if "cpu:" in b or "nccl" not in b:
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device() if cuda_index is None else int(cuda_index))
+
+
+def all_reduce_floats(values: list[float], op: str = "sum") -> list[float]:
+    """All-reduce a list of floats (float64) over the default group, on the backend's device.
+    ``op``: ``"sum"`` or ``"max"``. Every rank must call it with the same length."""
+    import torch.distributed as dist
+
+    ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+    t = torch.tensor(values, dtype=torch.float64, device=collective_device())
+    dist.all_reduce(t, op=ops[op])
+    return t.tolist()
+
+
+def barrier() -> None:
+    """``dist.barrier`` on the backend's device (NCCL is told which GPU instead of guessing)."""
+    import torch.distributed as dist
+
+    dev = collective_device()
+    if dev.type == "cuda":
+        dist.barrier(device_ids=[dev.index])
+    else:
+        dist.barrier()
 
 
 def json_safe(x: Any) -> Any:

@@ -16,7 +16,7 @@ import torch
 
 from grpo_dist.types import AdapterUpdate
 
-from .state import cpu_copies, json_safe, strip_prefixes
+from .state import barrier, cpu_copies, json_safe, strip_prefixes
 
 _STATE_KEY = "grpo_dist_learner"
 
@@ -79,9 +79,7 @@ class WeightsIO:
 
     def _barrier(self) -> None:
         if self.world_size > 1:
-            import torch.distributed as dist
-
-            dist.barrier()
+            barrier()
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, ckpt_dir: str | os.PathLike, client_state: Optional[dict] = None) -> None:
