@@ -80,6 +80,12 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     from grpo_dist.env import setup_env
 
     setup_env()
+    from grpo_dist.devices import check_devices
+
+    try:  # the GPUs the config asks for exist (local cluster)
+        check_devices(cfg)
+    except ConfigError as e:
+        return _fail(str(e))
     from grpo_dist import preflight
 
     try:  # model, reward plug-ins, data: one line and exit 2 before any actor starts
@@ -126,6 +132,12 @@ def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> int:
     from grpo_dist.env import setup_env
 
     setup_env()
+    from grpo_dist.devices import check_devices
+
+    try:  # the GPUs the config asks for exist (local cluster)
+        check_devices(cfg)
+    except ConfigError as e:
+        return _fail(str(e))
     from grpo_dist import preflight
 
     try:

@@ -37,7 +37,9 @@ class ModelConfig(Section):
                       "or a hub id (Qwen/Qwen2.5-0.5B-Instruct) fetched into the HF cache unless HF_HUB_OFFLINE=1.")
     make_if_missing: Optional[TinyModelSpec] = Field(
         None, description="If set and model.path does not exist, generate a local tiny model there first.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype for learner and vLLM.")
+    dtype: Optional[Literal["float32", "bfloat16", "float16"]] = Field(
+        None, description="Weights dtype for learner and vLLM (null = bfloat16 when cluster.learner_gpus or "
+        "rollout_gpus > 0, else float32).")
     max_model_len: int = Field(256, gt=0, description="Max prompt + completion tokens.")
     trust_remote_code: bool = Field(False, description="Passed to transformers and vLLM.")
 
@@ -73,6 +75,12 @@ class DataConfig(Section):
                                                        "max_prompt_tokens: stop with one line (error) or drop them (counted and logged).")
 
 
+# vLLM memory fractions when rollout.gpu_memory_utilization is null and the engines are on GPUs:
+# an engine alone on its GPU takes vLLM's own default; sharing with the learner (colocated), half.
+GPU_MEM_DISAGGREGATED = 0.9
+GPU_MEM_COLOCATED = 0.5
+
+
 class RolloutConfig(Section):
     backend: Literal["vllm", "hf"] = Field("vllm", description="Generation engine: vLLM (CPU or GPU build) or transformers.")
     num_workers: int = Field(2, gt=0, description="Number of rollout actors (each owns one engine).")
@@ -86,9 +94,15 @@ class RolloutConfig(Section):
     max_tokens: int = Field(8, gt=0, description="Max completion tokens.")
     stop: list[str] = Field(default_factory=list, description="Stop strings.")
     seed: Optional[int] = Field(None, description="Engine seed (None = derived from trainer.seed and worker rank).")
-    gpu_memory_utilization: float = Field(0.3, gt=0, le=1.0, description="vLLM memory fraction (GPU build).")
-    cpu_kvcache_gb: int = Field(1, gt=0, description="vLLM CPU build KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE).")
-    enforce_eager: bool = Field(True, description="Disable CUDA graphs / compilation in vLLM.")
+    gpu_memory_utilization: Optional[float] = Field(
+        None, gt=0, le=1.0, description="vLLM memory fraction (GPU build). null = by layout: disaggregated "
+        f"{GPU_MEM_DISAGGREGATED} x min(1, cluster.rollout_gpus), colocated {GPU_MEM_COLOCATED} (the learner shares "
+        "the GPU); 0.3 on CPU, where it is unused.")
+    cpu_kvcache_gb: Optional[int] = Field(None, gt=0, description="vLLM CPU build KV-cache size in GiB. Set: wins "
+                                          "over an exported VLLM_CPU_KVCACHE_SPACE (a warning names both); null = "
+                                          "VLLM_CPU_KVCACHE_SPACE if exported, else 1.")
+    enforce_eager: Optional[bool] = Field(None, description="Disable CUDA graphs / compilation in vLLM (null = "
+                                          "false when cluster.rollout_gpus > 0, i.e. CUDA graphs on; true on CPU).")
     max_loras: int = Field(1, gt=0, description="Adapters vLLM keeps resident (old versions are evicted).")
 
     @field_validator("group_size")
@@ -280,6 +294,7 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _cross(self) -> "Config":
+        self._device_defaults()
         n = self.rollout.prompts_per_step * self.rollout.group_size
         per_rank = self.learner.num_learners * self.learner.micro_batch_size
         if n % self.learner.num_learners:
@@ -315,6 +330,19 @@ class Config(Section):
                 raise _KeyError("cluster.num_cpus", f"actors need {need:g} CPUs but the local cluster has "
                                  f"{self.cluster.num_cpus} (lower cluster.*_cpus or worker counts)")
         return self
+
+    def _device_defaults(self) -> None:
+        """Fill the device-dependent fields left null from the config's GPU counts (never from
+        what this machine has: the driver may run on a CPU-only head node)."""
+        c, gpu_roll = self.cluster, self.cluster.rollout_gpus > 0
+        if self.model.dtype is None:
+            self.model.dtype = "bfloat16" if gpu_roll or c.learner_gpus > 0 else "float32"
+        if self.rollout.enforce_eager is None:
+            self.rollout.enforce_eager = not gpu_roll
+        if self.rollout.gpu_memory_utilization is None:
+            colocated = getattr(c, "layout", "disaggregated") == "colocated"
+            self.rollout.gpu_memory_utilization = (0.3 if not gpu_roll else GPU_MEM_COLOCATED if colocated
+                                                   else round(GPU_MEM_DISAGGREGATED * min(1.0, c.rollout_gpus), 4))
 
     def resource_demand(self) -> dict[str, float]:
         c = self

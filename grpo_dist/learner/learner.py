@@ -22,6 +22,7 @@ import torch
 
 from grpo_dist.algo import entropy_from_logits, masked_mean, selective_log_softmax
 from grpo_dist.config import Config
+from grpo_dist.devices import learner_on_gpu
 from grpo_dist.types import TrainBatch
 
 from .batching import Collated, collate, gather_completion, micro_batch_rows
@@ -60,7 +61,7 @@ class Learner(WeightsIO):
         from transformers import AutoModelForCausalLM
 
         cfg = self.cfg
-        cuda = torch.cuda.is_available()
+        cuda = learner_on_gpu(cfg)  # cluster.learner_gpus decides, not torch.cuda.is_available()
         local = self.local_rank if self.local_rank is not None else (
             self.rank % max(1, torch.cuda.device_count()) if cuda else self.rank)
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(local),

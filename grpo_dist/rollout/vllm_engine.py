@@ -16,6 +16,29 @@ from grpo_dist.rollout.base import Generator, Sample, SamplingSpec
 log = logging.getLogger("grpo_dist.rollout")
 
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
+_kv_set_here: str | None = None  # the value this process wrote (not the user's export)
+
+
+def cpu_kvcache_space(cpu_kvcache_gb: int | None, environ=os.environ) -> str:
+    """The ``VLLM_CPU_KVCACHE_SPACE`` (GiB) the CPU build gets, written into ``environ``.
+
+    ``rollout.cpu_kvcache_gb`` set: it wins; an exported variable with another value is
+    overridden with a warning naming both. Unset (null): the exported variable, else 1 GiB.
+    """
+    global _kv_set_here
+    exported = environ.get(_KV_ENV)
+    if exported is not None and exported == _kv_set_here:
+        exported = None  # ours, from an earlier engine in this process
+    if cpu_kvcache_gb is None:
+        value = exported if exported is not None else "1"
+    else:
+        value = str(int(cpu_kvcache_gb))
+        if exported is not None and exported.strip() != value:
+            log.warning("rollout.cpu_kvcache_gb=%s overrides the exported %s=%s (the config wins; set "
+                        "rollout.cpu_kvcache_gb: null to use the variable)", value, _KV_ENV, exported)
+    environ[_KV_ENV] = _kv_set_here = value
+    return value
 
 
 def supported_lora_rank(r: int) -> int:
@@ -30,10 +53,10 @@ class VLLMGenerator(Generator):
     def __init__(self, model_path: str, *, dtype: str = "float32", max_model_len: int = 256,
                  enable_lora: bool = True, lora_rank: int = 8, max_loras: int = 1, seed: int = 0,
                  enforce_eager: bool = True, gpu_memory_utilization: float = 0.3,
-                 cpu_kvcache_gb: int = 1, trust_remote_code: bool = False):
+                 cpu_kvcache_gb: int | None = None, trust_remote_code: bool = False):
         import torch
 
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kvcache_gb))
+        cpu_kvcache_space(cpu_kvcache_gb)  # read by the CPU build only
         from vllm import LLM
 
         kwargs = dict(

@@ -1,0 +1,146 @@
+"""Device-aware defaults, the GPU-request check, the CPU KV-cache precedence, and the device
+each process-group backend gets for the learner's collectives (CPU side of
+``tests/test_gpu_learner.py``)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from grpo_dist.config import ConfigError, config_from_dict, load_config
+from grpo_dist.devices import check_devices, learner_on_gpu
+from grpo_dist.learner import state
+from grpo_dist.learner.state import MetricAccumulator, collective_device
+from grpo_dist.rollout import vllm_engine
+
+
+# ---------------------------------------------------------------------- defaults by device
+
+def test_cpu_defaults_are_unchanged():
+    for cfg in (load_config("configs/tiny_cpu.yaml"), config_from_dict({})):
+        assert (cfg.model.dtype, cfg.rollout.enforce_eager, cfg.rollout.gpu_memory_utilization) == ("float32", True, 0.3)
+        assert cfg.rollout.cpu_kvcache_gb is None  # VLLM_CPU_KVCACHE_SPACE if exported, else 1 (as before)
+
+
+@pytest.mark.parametrize("cluster,expect", [
+    ({"rollout_gpus": 1, "learner_gpus": 1}, ("bfloat16", False, 0.9)),
+    ({"rollout_gpus": 0.5, "learner_gpus": 1}, ("bfloat16", False, 0.45)),  # two engines share a GPU
+    ({"rollout_gpus": 1, "learner_gpus": 1, "layout": "colocated"}, ("bfloat16", False, 0.5)),
+    ({"rollout_gpus": 0, "learner_gpus": 1}, ("bfloat16", True, 0.3)),  # engines on CPU: eager, fraction unused
+])
+def test_gpu_defaults_follow_the_config_gpu_counts_and_layout(cluster, expect):
+    if "layout" in cluster and "layout" not in type(config_from_dict({}).cluster).model_fields:
+        pytest.skip("cluster.layout not in this config yet")
+    cfg = config_from_dict({"cluster": cluster, "rollout": {"num_workers": 1}})
+    assert (cfg.model.dtype, cfg.rollout.enforce_eager, cfg.rollout.gpu_memory_utilization) == expect
+
+
+def test_explicit_values_win_over_device_defaults():
+    cfg = config_from_dict({"cluster": {"rollout_gpus": 1, "learner_gpus": 1}, "model": {"dtype": "float16"},
+                            "rollout": {"enforce_eager": True, "gpu_memory_utilization": 0.6}})
+    assert (cfg.model.dtype, cfg.rollout.enforce_eager, cfg.rollout.gpu_memory_utilization) == ("float16", True, 0.6)
+
+
+# ---------------------------------------------------------------------- GPUs requested vs present
+
+def test_gpu_requested_where_none_exists_is_one_line():
+    cfg = config_from_dict({"cluster": {"learner_gpus": 1, "rollout_gpus": 1}, "rollout": {"num_workers": 2}})
+    with pytest.raises(ConfigError) as e:
+        check_devices(cfg, device_count=0)
+    msg = str(e.value)
+    assert "\n" not in msg and "cluster.learner_gpus=1, cluster.rollout_gpus=1 need 3 GPUs" in msg
+    assert "0 CUDA devices" in msg and "set both to 0" in msg
+    with pytest.raises(ConfigError, match="need 3 GPUs but this machine has 2 CUDA devices"):
+        check_devices(cfg, device_count=2)
+    check_devices(cfg, device_count=3)
+    check_devices(config_from_dict({"cluster": {"learner_gpus": 1, "address": "auto"}}), device_count=0)  # Ray checks
+    check_devices(load_config("configs/tiny_cpu.yaml"), device_count=0)
+
+
+def test_cli_exits_2_before_anything_starts(monkeypatch, capsys):
+    from grpo_dist import cli
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert cli.main(["train", "--config", "configs/tiny_cpu.yaml", "--cluster.learner_gpus", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("config error: cluster: cluster.learner_gpus=1 need 1 GPUs but this machine has 0 CUDA "
+                   "devices; set both to 0 for a CPU run")
+
+
+def test_learner_device_comes_from_the_config(monkeypatch):
+    assert learner_on_gpu(config_from_dict({})) is False  # even where a GPU is visible
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="cluster.learner_gpus=1 but this learner process sees no CUDA"):
+        learner_on_gpu(config_from_dict({"cluster": {"learner_gpus": 1}}))
+
+
+# ---------------------------------------------------------------------- VLLM_CPU_KVCACHE_SPACE
+
+def test_cpu_kvcache_precedence(monkeypatch, caplog):
+    monkeypatch.setattr(vllm_engine, "_kv_set_here", None)
+    env: dict[str, str] = {}
+    assert vllm_engine.cpu_kvcache_space(None, env) == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    env = {"VLLM_CPU_KVCACHE_SPACE": "4"}  # the user's export, config unset: the export is used
+    monkeypatch.setattr(vllm_engine, "_kv_set_here", None)
+    assert vllm_engine.cpu_kvcache_space(None, env) == "4"
+    monkeypatch.setattr(vllm_engine, "_kv_set_here", None)
+    with caplog.at_level(logging.WARNING, logger="grpo_dist.rollout"):
+        assert vllm_engine.cpu_kvcache_space(2, env) == "2"  # config set: it wins, loudly
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert "rollout.cpu_kvcache_gb=2 overrides the exported VLLM_CPU_KVCACHE_SPACE=4" in caplog.text
+    caplog.clear()  # a second engine in this process sees our own value, not an export: no warning
+    with caplog.at_level(logging.WARNING, logger="grpo_dist.rollout"):
+        assert vllm_engine.cpu_kvcache_space(3, env) == "3"
+    assert "overrides" not in caplog.text
+
+
+# ---------------------------------------------------------------------- collectives' device
+
+@pytest.mark.parametrize("backend,device", [
+    ("nccl", torch.device("cuda", 1)), ("gloo", torch.device("cpu")), ("mpi", torch.device("cpu")),
+    ("cpu:gloo,cuda:nccl", torch.device("cpu")), ("ccl", torch.device("cpu")),
+])
+def test_collective_device_per_backend(backend, device):
+    assert collective_device(backend, cuda_index=1) == device
+
+
+def _fake_group(monkeypatch, backend: str) -> list:
+    """Pretend a process group of ``backend`` is up; the fake all_reduce refuses what NCCL refuses."""
+    import torch.distributed as dist
+
+    seen: list = []
+
+    def all_reduce(t, op=None):
+        seen.append(t.device.type)
+        if backend == "nccl" and t.device.type != "cuda":
+            raise RuntimeError("No backend type associated with device type cpu")  # what NCCL says
+
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: backend)
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    return seen
+
+
+def test_metric_reduce_uses_cpu_tensors_with_gloo(monkeypatch):
+    seen = _fake_group(monkeypatch, "gloo")
+    acc = MetricAccumulator()
+    acc.add({"loss": 0.5, "kl_mean": 0.1, "ratio_max": 1.2}, tokens=4)
+    out = acc.reduce(world_size=2)
+    assert seen == ["cpu", "cpu"] and out["train/loss"] == 0.5 and out["train/ratio_max"] == 1.2
+    assert state.all_reduce_floats([1.0, 2.0]) == [1.0, 2.0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only check; tests/test_gpu_learner.py runs real NCCL")
+def test_metric_reduce_puts_its_tensors_on_cuda_for_nccl(monkeypatch):
+    """Before the fix, ``reduce`` handed NCCL CPU tensors (NCCL raises "No backend type associated
+    with device type cpu"). On a machine without CUDA the fixed code gets as far as allocating its
+    tensor on ``cuda:0`` -- which is what this checks; the GPU test runs it against real NCCL."""
+    seen = _fake_group(monkeypatch, "nccl")
+    acc = MetricAccumulator()
+    acc.add({"loss": 0.5}, tokens=4)
+    with pytest.raises((RuntimeError, AssertionError)) as e:
+        acc.reduce(world_size=2)
+    assert "No backend type associated" not in str(e.value) and seen == []
+    assert "CUDA" in str(e.value) or "cuda" in str(e.value)
