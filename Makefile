@@ -12,7 +12,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export HF_HUB_OFFLINE ?= 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup test test-fast demo bench bench-pipeline clean-runs
+.PHONY: setup test test-fast demo bench bench-pipeline gpu-check clean-runs
 
 setup: $(STAMP)
 
@@ -42,6 +42,12 @@ bench: $(STAMP)
 
 bench-pipeline: $(STAMP)
 	$(PY) benchmarks/pipeline.py --rollout.num_workers 1
+
+# The learner alone on one GPU (ZeRO-2, bf16, LoRA, Qwen2-0.5B shape) + the log-softmax at V=151936.
+# Needs a Python with CUDA torch, DeepSpeed, transformers and PEFT (not the CPU venv): GPU_PY.
+GPU_PY ?= python3
+gpu-check:
+	$(GPU_PY) benchmarks/gpu_check.py
 
 clean-runs:
 	rm -rf runs
