@@ -107,3 +107,35 @@ def test_preflight_eval_set_without_answers(tmp_path, tiny_model_dir):
     bad = config_from_dict({**base, "reward": {"functions": [{"fn": "correctness"}]}})
     with pytest.raises(ConfigError, match=r"data\.eval_path: reward function 'correctness' needs column 'answer'"):
         preflight.check(bad, log_fn=lambda m: None)
+
+
+@pytest.mark.slow
+def test_eval_cli_on_a_dataset_without_answers(tmp_path, pretrained_model_dir):
+    """`grpo-dist eval` (real Ray + vLLM) on prompts without answers, with correctness + format +
+    length configured: scored on format and length, correctness named as skipped, no accuracy."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    data = tmp_path / "noans.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+{i + 1}="}) + "\n" for i in range(12)))
+    report_path = tmp_path / "report.json"
+    rewards = json.dumps([{"fn": "correctness"}, {"fn": "format", "weight": 0.5},
+                          {"fn": "length", "kwargs": {"min_len": 1, "max_len": 3}}])
+    r = subprocess.run(
+        [sys.executable, "-m", "grpo_dist.cli", "eval", "--config", str(root / "configs/tiny_cpu.yaml"),
+         "--out", str(report_path), "--model.path", str(pretrained_model_dir), "--model.make_if_missing", "null",
+         "--rollout.num_workers", "1", "--data.eval_path", str(data), "--data.eval_size", "8",
+         "--reward.functions", rewards, "--output_dir", str(tmp_path), "--logging.wandb_mode", "disabled"],
+        cwd=root, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    base = json.loads(report_path.read_text())["base"]
+    assert base["rewards_used"] == ["format", "length"] and base["accuracy_rewards"] == []
+    assert base["rewards_skipped"] == {"correctness": "needs column(s) answer"}
+    assert "sampled_accuracy" not in base and "greedy_accuracy" not in base and "pass@1" not in base
+    assert set(base["reward_means"]) == {"format", "length"} and base["num_prompts"] == 8
+    assert 0.0 <= base["reward_means"]["length"] <= 1.0 and "greedy_mean_reward" in base
+    assert base["mean_reward"] == pytest.approx(0.5 * base["reward_means"]["format"] + base["reward_means"]["length"])
+    assert "scoring with format, length only" in r.stderr  # the log line says which
