@@ -1,9 +1,64 @@
 #!/usr/bin/env bash
-# Start the Ray head node of a grpo_dist cluster.
-#   launch/start_head.sh [--num-gpus N] [extra `ray start` args]
-# Then on every other node: launch/start_worker.sh <head-ip>:6379
+# Start the Ray head node of a grpo_dist cluster, secure by default:
+#   launch/start_head.sh [--node-ip-address IP] [--num-gpus N] [extra `ray start` args]
+#
+# * Token authentication is always on (RAY_AUTH_MODE=token): every GCS/raylet RPC, every job
+#   submission and every dashboard request needs the cluster's token. The token is read from
+#   $RAY_AUTH_TOKEN_PATH (default ~/.ray/auth_token, Ray's own default) or created there
+#   (256 random bits, file mode 600). It is never printed.
+# * GCS and raylet bind to the node address given (RAY_NODE_IP or --node-ip-address; default
+#   127.0.0.1, a one-machine cluster). Give the address of the cluster's private network to
+#   let other nodes join; never a public one.
+# * The dashboard and job server bind to 127.0.0.1 (RAY_DASHBOARD_HOST to change): reach them
+#   through an SSH tunnel, `ssh -N -L 8265:127.0.0.1:8265 user@head`.
 set -euo pipefail
-export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"   # Ray 2.60 enables token auth by default
-ray start --head --port "${RAY_PORT:-6379}" --dashboard-host "${RAY_DASHBOARD_HOST:-127.0.0.1}" \
-  --dashboard-port "${RAY_DASHBOARD_PORT:-8265}" "$@"
-echo "head up; submit with: launch/submit_job.sh configs/<recipe>.yaml"
+
+if [ "${RAY_AUTH_MODE:-token}" != "token" ]; then
+  echo "start_head.sh: RAY_AUTH_MODE=${RAY_AUTH_MODE} refused: this script only starts heads with token" \
+       "authentication (anyone who reaches an open head can run code on every node)" >&2
+  exit 2
+fi
+export RAY_AUTH_MODE=token
+
+node_ip="${RAY_NODE_IP:-127.0.0.1}"
+args=()
+while [ $# -gt 0 ]; do  # --node-ip-address here overrides RAY_NODE_IP
+  case "$1" in
+    --node-ip-address) node_ip="${2:?--node-ip-address needs a value}"; shift 2 ;;
+    --node-ip-address=*) node_ip="${1#*=}"; shift ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+
+if [ -n "${RAY_AUTH_TOKEN:-}" ]; then
+  token_from="the RAY_AUTH_TOKEN environment variable"
+else
+  token_path="${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}"
+  if [ ! -s "$token_path" ]; then
+    mkdir -p "$(dirname "$token_path")"
+    (umask 077 && python -c 'import secrets; print(secrets.token_hex(32), end="")' > "$token_path")
+    echo "created a new cluster token in $token_path (mode 600)"
+  fi
+  chmod 600 "$token_path"
+  export RAY_AUTH_TOKEN_PATH="$token_path"
+  token_from="$token_path"
+fi
+
+port="${RAY_PORT:-6379}"
+dash_host="${RAY_DASHBOARD_HOST:-127.0.0.1}"
+dash_port="${RAY_DASHBOARD_PORT:-8265}"
+cat <<EOF
+starting the Ray head: token authentication on (token from $token_from), GCS and raylet on $node_ip:$port,
+dashboard and job server on $dash_host:$dash_port
+EOF
+if [ "$dash_host" != "127.0.0.1" ] && [ "$dash_host" != "localhost" ]; then
+  echo "warning: the dashboard listens on $dash_host; it still needs the token, but prefer 127.0.0.1 + an SSH tunnel" >&2
+fi
+cat <<EOF
+workers:    copy the token file to each node, private (scp -p ${token_path:-<token file>} node:~/.ray/auth_token;
+            chmod 600), then on that node: launch/start_worker.sh $node_ip:$port
+submitters: RAY_AUTH_TOKEN_PATH=<token file> launch/submit_job.sh configs/<recipe>.yaml
+            (from another machine, first: ssh -N -L $dash_port:127.0.0.1:$dash_port <user>@<this head>)
+EOF
+exec ray start --head --disable-usage-stats --node-ip-address "$node_ip" --port "$port" --dashboard-host "$dash_host" \
+  --dashboard-port "$dash_port" "${args[@]}"
