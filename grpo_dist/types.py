@@ -11,6 +11,25 @@ from typing import Any
 
 
 @dataclass
+class PromptRecord:
+    """One prompt: ``id`` (position in its source), ``prompt`` (model input text) and
+    ``columns`` (``answer`` and any other dataset columns, passed on to the rewards)."""
+
+    id: int
+    prompt: str
+    columns: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def answer(self) -> Any:
+        """The reference answer (``columns["answer"]``), or None when the source has none."""
+        return self.columns.get("answer")
+
+    def as_example(self) -> dict[str, Any]:
+        """The plain dict form ``{"prompt": ..., "answer": ..., **other_columns}``."""
+        return {"prompt": self.prompt, **self.columns}
+
+
+@dataclass
 class Rollout:
     """One sampled completion for one prompt.
 
@@ -54,6 +73,7 @@ class RewardResult:
     total: list[float]
     per_function: dict[str, list[float]]
     errors: dict[str, int] = field(default_factory=dict)
+    tracebacks: dict[str, str] = field(default_factory=dict)  # name -> its first failure (sent once per worker)
 
 
 @dataclass

@@ -7,31 +7,8 @@ which reward functions receive as keyword arguments.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
-
-@dataclass
-class PromptRecord:
-    """One prompt: ``id`` (position in its source), ``prompt`` (model input text) and
-    ``columns`` (``answer`` and any other dataset columns, passed on to the rewards)."""
-
-    id: int
-    prompt: str
-    columns: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def answer(self) -> Any:
-        """The reference answer (``columns["answer"]``), or None when the source has none."""
-        return self.columns.get("answer")
-
-    def as_example(self) -> dict[str, Any]:
-        """The plain dict form ``{"prompt": ..., "answer": ..., **other_columns}``."""
-        return {"prompt": self.prompt, **self.columns}
-
-
-from grpo_dist.data.sources import PromptStream, load_prompts  # noqa: E402
-from grpo_dist.data.synthetic import (  # noqa: E402
+from grpo_dist.data.sources import PromptStream, load_prompts
+from grpo_dist.data.synthetic import (
     Task,
     get_task,
     make_task,
@@ -39,6 +16,7 @@ from grpo_dist.data.synthetic import (  # noqa: E402
     register_task,
     task_names,
 )
+from grpo_dist.types import PromptRecord
 
 __all__ = [
     "PromptRecord",

@@ -13,7 +13,7 @@ import random
 from typing import Any, Iterable, Iterator, Mapping
 from urllib.parse import parse_qsl
 
-from grpo_dist.data import PromptRecord
+from grpo_dist.types import PromptRecord
 
 BUILTIN_PREFIX = "builtin:"
 HF_PREFIX = "hf:"

@@ -16,7 +16,7 @@ import random
 import re
 from typing import Any, Callable
 
-from grpo_dist.data import PromptRecord
+from grpo_dist.types import PromptRecord
 
 _INT_RE = re.compile(r"-?[0-9]+", re.ASCII)
 NOISE_KINDS = ("near", "spread", "systematic")
