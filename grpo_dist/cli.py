@@ -159,7 +159,8 @@ def cmd_make_tiny(args: argparse.Namespace, _: list[str]) -> int:
 
     t0 = time.perf_counter()
     info = make_tiny_model(args.out, size=args.size, seed=args.seed, pretrain_task=args.pretrain_task,
-                           steps=args.steps, p_correct=args.p_correct)
+                           steps=args.steps, p_correct=args.p_correct, noise=args.noise,
+                           clean_fraction=args.clean_fraction, lr=args.lr, batch_size=args.batch_size)
     print(f"wrote {args.out} ({info['num_parameters']:,} parameters) in {time.perf_counter() - t0:.0f} s")
     return 0
 
@@ -231,7 +232,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "small: hidden 512 x 8 layers")
     m.add_argument("--pretrain-task", default=None, help="synthetic task to pretrain on (e.g. add)")
     m.add_argument("--steps", type=int, default=None, help="pretraining steps (default: per size)")
-    m.add_argument("--p-correct", type=float, default=0.4, help="fraction of correct pretraining labels")
+    m.add_argument("--p-correct", type=float, default=0.4,
+                   help="probability that a label is correct after the clean phase")
+    m.add_argument("--noise", choices=["systematic", "near", "spread"], default="systematic",
+                   help="kind of wrong label: systematic (one too many), near (off by one either way), "
+                        "spread (+-1, +-10 or the last two digits swapped)")
+    m.add_argument("--clean-fraction", type=float, default=0.5,
+                   help="fraction of the pretraining steps on correct labels only, first")
+    m.add_argument("--lr", type=float, default=None, help="peak pretraining learning rate (default: per size)")
+    m.add_argument("--batch-size", type=int, default=None, help="pretraining batch size (default: per size)")
     m.add_argument("--seed", type=int, default=0)
     m.set_defaults(fn=cmd_make_tiny)
 

@@ -17,7 +17,7 @@ os.environ.setdefault("WANDB_MODE", "offline")
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """An untrained seeded tiny Llama + char tokenizer (transformers, PEFT and vLLM load it)."""
-    from grpo_dist.models.tiny import make_tiny_model
+    from grpo_dist.models import make_tiny_model
 
     out = tmp_path_factory.mktemp("models") / "tiny"
     make_tiny_model(out, size="tiny", seed=0, log=lambda *a, **k: None)
@@ -34,12 +34,13 @@ def pretrained_model_dir() -> Path:
     import hashlib
 
     import grpo_dist.data.synthetic as synthetic
-    import grpo_dist.models.tiny as tiny
+    import grpo_dist.models as models
 
     # keyed by the generator's source, so a change to the recipe never reuses a stale model
-    digest = hashlib.sha1(Path(tiny.__file__).read_bytes() + Path(synthetic.__file__).read_bytes()).hexdigest()[:10]
+    sources = sorted(Path(models.__file__).parent.glob("*.py")) + [Path(synthetic.__file__)]
+    digest = hashlib.sha1(b"".join(p.read_bytes() for p in sources)).hexdigest()[:10]
     out = Path(__file__).resolve().parents[1] / ".cache" / "test-models" / f"tiny-add-seed0-{digest}"
-    INFO_FILE, make_tiny_model = tiny.INFO_FILE, tiny.make_tiny_model
+    INFO_FILE, make_tiny_model = models.INFO_FILE, models.make_tiny_model
     if not (out / INFO_FILE).is_file():
         make_tiny_model(str(out), size="tiny", seed=0, pretrain_task="add", log=None)
     return out

@@ -35,6 +35,19 @@ def test_bad_config_exits_2_fast_with_one_line():
     assert elapsed < 20  # no Ray, vLLM or DeepSpeed was started (they take far longer)
 
 
+def test_make_tiny_model_takes_every_pretraining_option(tmp_path):
+    import json
+
+    out = tmp_path / "m"
+    r = cli("make-tiny-model", str(out), "--pretrain-task", "add", "--steps", "4", "--noise", "near",
+            "--clean-fraction", "0.25", "--p-correct", "0.3", "--lr", "2e-3", "--batch-size", "8", "--seed", "3",
+            timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    info = json.loads((out / "tiny_model_info.json").read_text())
+    assert {k: info[k] for k in ("steps", "noise", "clean_fraction", "p_correct", "lr", "batch_size", "seed")} == {
+        "steps": 4, "noise": "near", "clean_fraction": 0.25, "p_correct": 0.3, "lr": 2e-3, "batch_size": 8, "seed": 3}
+
+
 def test_heavy_modules_not_imported_by_config_validation():
     code = ("import sys; from grpo_dist.config import load_config; load_config('configs/tiny_cpu.yaml'); "
             "print(sorted(m for m in ('torch','ray','vllm','deepspeed') if m in sys.modules))")

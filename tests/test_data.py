@@ -139,7 +139,7 @@ def test_chat_template(tmp_path, rows_std):
 
 def test_chat_template_with_real_tokenizer(tmp_path, rows_std):
     pytest.importorskip("transformers")
-    from grpo_dist.models.tiny import build_tokenizer
+    from grpo_dist.models import build_tokenizer
 
     tok = build_tokenizer()
     tok.save_pretrained(str(tmp_path / "tok"))

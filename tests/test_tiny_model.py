@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from grpo_dist.models.tiny import INFO_FILE, SIZES, build_tokenizer, generate, make_tiny_model  # noqa: E402
+from grpo_dist.models import INFO_FILE, SIZES, build_tokenizer, generate, make_tiny_model  # noqa: E402
 
 TEXTS = [
     "12+34=46",
