@@ -51,8 +51,7 @@ def _log_wandb(cfg: Config, report: dict[str, Any], eval_metrics) -> None:
         return
     from grpo_dist.monitor import WandbMonitor
 
-    wb = WandbMonitor(mode=cfg.logging.wandb_mode, project=cfg.logging.project, entity=cfg.logging.entity,
-                      name=(cfg.logging.run_name or "eval"), directory=cfg.output_dir, config={"eval": report["adapter"]})
+    wb = WandbMonitor.from_config(cfg, default_name="eval", config={"eval": report["adapter"]})
     rows = []
     for which in ("base", "adapter_eval"):
         if which in report:

@@ -87,13 +87,9 @@ def load_data(cfg: Config, log_fn=print) -> tuple[list[Any], list[Any]]:
 
 
 def make_monitor(cfg: Config):
-    from grpo_dist.config import dump_config
     from grpo_dist.monitor import ConsoleMonitor, MultiMonitor, WandbMonitor
-    import yaml
 
-    wandb_dir = Path(cfg.output_dir)
-    wb = WandbMonitor(mode=cfg.logging.wandb_mode, project=cfg.logging.project, entity=cfg.logging.entity,
-                      name=cfg.logging.run_name, directory=wandb_dir, config=yaml.safe_load(dump_config(cfg)))
+    wb = WandbMonitor.from_config(cfg)
     multi = MultiMonitor([wb, ConsoleMonitor(enabled=cfg.logging.progress)])
     multi.wandb_dir = wb.run_dir
     return multi

@@ -42,3 +42,21 @@ def test_wandb_offline_writes_a_run(tmp_path):
     run_dir = Path(wb.run_dir)
     wb.close()
     assert run_dir.is_dir() and list(run_dir.glob("*.wandb"))
+
+
+def test_wandb_from_config_is_the_one_setup_of_train_and_eval(tmp_path):
+    from grpo_dist.config import load_config
+    from grpo_dist.setup_run import make_monitor
+
+    cfg = load_config(None, ["--output_dir", str(tmp_path), "--logging.wandb_mode", "offline",
+                             "--logging.project", "grpo_dist-test"])
+    wb = WandbMonitor.from_config(cfg, default_name="eval", config={"eval": "adapter-dir"})  # what eval does
+    assert wb.run.name == "eval" and dict(wb.run.config) == {"eval": "adapter-dir"}
+    assert Path(wb.run_dir).resolve().is_relative_to(tmp_path.resolve())
+    wb.close()
+
+    multi = make_monitor(cfg)  # what training does: the whole config recorded
+    train_wb = next(m for m in multi.monitors if isinstance(m, WandbMonitor))
+    assert train_wb.run.config["rollout"]["group_size"] == cfg.rollout.group_size
+    assert multi.wandb_dir == train_wb.run_dir
+    multi.close()

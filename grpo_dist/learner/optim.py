@@ -60,15 +60,12 @@ def effective_micro_batch(cfg: Config, world_size: int) -> int:
 
 
 def gradient_accumulation_steps(cfg: Config, world_size: int) -> int:
-    """Micro-batches per optimizer step on one rank: ``per_rank_batch // micro_batch_size``."""
-    n = cfg.rollout.prompts_per_step * cfg.rollout.group_size
-    if n % world_size:
-        raise ValueError(f"learner: batch {n} is not divisible by world_size {world_size}")
-    per_rank = n // world_size
-    mb = effective_micro_batch(cfg, world_size)
-    if per_rank % mb:
-        raise ValueError(f"learner.micro_batch_size: per-rank batch {per_rank} is not divisible by {mb}")
-    return per_rank // mb
+    """Micro-batches per optimizer step on one rank: ``per_rank_batch // micro_batch_size``.
+
+    The divisibility of the batch by the ranks and of the per-rank batch by the micro-batch is
+    checked once, by the config (``Config._cross``, with ``world_size = learner.num_learners``)."""
+    per_rank = cfg.rollout.prompts_per_step * cfg.rollout.group_size // world_size
+    return per_rank // effective_micro_batch(cfg, world_size)
 
 
 def deepspeed_config(cfg: Config, world_size: int) -> dict[str, Any]:
