@@ -125,7 +125,7 @@ def _serve() -> None:  # pragma: no cover - runs in the helper process
     def parsed(s: str, t: int):
         return parse(s, parsing_timeout=t)
 
-    out = sys.stdout
+    out, sys.stdout = sys.stdout, sys.stderr  # stray prints (sympy, antlr) must not break the protocol
     for line in sys.stdin:
         req = json.loads(line)
         t = max(1, math.ceil(float(req["timeout"]) / 3))  # parse gold, parse pred, verify
