@@ -40,18 +40,62 @@ def _rng_state() -> dict[str, Any]:
     return {"python": [version, list(internal), gauss], "torch_seed": int(torch.initial_seed())}
 
 
-def save(cfg: Config, workers, step: int, data_state: dict) -> Path:
+def _direct(cfg: Config) -> bool:
+    """Learners write the checkpoint themselves (full weights on a shared filesystem)."""
+    return not cfg.lora.enabled and cfg.cluster.shared_dir is not None
+
+
+def save(cfg: Config, workers, step: int, data_state: dict, run_state: dict | None = None) -> Path:
     """``data_state``: the prompt stream's position to resume from (before any prompts already
-    taken for rollouts that no step has trained on yet)."""
+    taken for rollouts that no step has trained on yet); ``run_state``: what the driver needs to
+    continue its records (per-step metrics, the evaluation before training)."""
     out = step_dir(cfg, step)
     out.mkdir(parents=True, exist_ok=True)
-    state = {"step": step, "data": data_state, "rng": _rng_state()}
+    state = {"step": step, "data": data_state, "rng": _rng_state(), "run": run_state or {}}
     lg = workers.learner
-    lg.get(lg.call("save_checkpoint", str(out), {"step": step}))
+    if _direct(cfg):
+        lg.get(lg.call("save_checkpoint", str(out), {"step": step}))
+    else:
+        from grpo_dist.learner.weights_io import write_tree
+
+        merged: dict[str, bytes] = {}
+        for files in lg.get(lg.call("checkpoint_files", {"step": step})):
+            for rel, data in files.items():
+                merged.setdefault(rel, data)  # rank order: rank 0's copy of a shared file wins
+        write_tree(out, merged)
     (out / STATE_FILE).write_text(json.dumps(state, indent=1))  # written last: marks it complete
     for old in list_checkpoints(cfg.checkpoint_dir)[: -cfg.checkpoint.keep]:
         shutil.rmtree(old, ignore_errors=True)
     return out
+
+
+def save_final(cfg: Config, learner_group, out: Path) -> Path:
+    """The trained adapter (or full model) as ``out`` on the driver's node. Every rank takes part
+    (ZeRO-3 gathers; the save ends with a barrier)."""
+    lg = learner_group
+    if _direct(cfg):
+        lg.get(lg.call("save_adapter", str(out)))
+        return out
+    from grpo_dist.learner.weights_io import write_tree
+
+    files = lg.get(lg.call("adapter_files"))[0]
+    shutil.rmtree(out, ignore_errors=True)
+    write_tree(out, files)
+    return out
+
+
+def load_into_learners(cfg: Config, learner_group, path: Path) -> None:
+    """Every learner rank loads the checkpoint at ``path`` (a directory on the driver's node)."""
+    lg = learner_group
+    if _direct(cfg):
+        lg.get(lg.call("load_checkpoint", str(path)))
+        return
+    import ray
+
+    from grpo_dist.learner.weights_io import read_tree
+
+    files = ray.put({rel: data for rel, data in read_tree(path).items() if rel != STATE_FILE})
+    lg.get(lg.call("load_checkpoint_files", files))
 
 
 def resolve(cfg: Config) -> Path | None:
@@ -67,15 +111,15 @@ def resolve(cfg: Config) -> Path | None:
     return p
 
 
-def restore(cfg: Config, workers, stream) -> int:
-    """Load the learner state and data position; returns the step to continue from (0 if none)."""
+def restore(cfg: Config, workers, stream) -> tuple[int, dict, Path | None]:
+    """Load the learner state and data position; returns (the step to continue from, the saved
+    ``run_state``, the checkpoint path), ``(0, {}, None)`` when there is none."""
     path = resolve(cfg)
     if path is None:
-        return 0
+        return 0, {}, None
     state = json.loads((path / STATE_FILE).read_text())
-    lg = workers.learner
-    lg.get(lg.call("load_checkpoint", str(path)))
+    load_into_learners(cfg, workers.learner, path)
     stream.load_state_dict(state["data"])
     version, internal, gauss = state["rng"]["python"]
     random.setstate((version, tuple(internal), gauss))
-    return int(state["step"])
+    return int(state["step"]), dict(state.get("run", {})), path

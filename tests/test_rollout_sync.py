@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from grpo_dist.config import load_config
+from grpo_dist.config import ConfigError, load_config
 from grpo_dist.data import PromptRecord
 from grpo_dist.sync import AdapterStore, FilesystemTransport, ObjectStoreTransport, make_transport
 from grpo_dist.types import AdapterUpdate
@@ -128,7 +128,11 @@ def test_transports_round_trip(tmp_path, tiny_model_dir):
     fs = FilesystemTransport(tmp_path, keep=1)
     fs.publish(AdapterUpdate(5, upd.tensors, upd.peft_config))
     assert sorted(p.name for p in tmp_path.glob("v*.pt")) == ["v5.pt"]
-    cfg = load_config(None, ["--sync.transport", "filesystem", "--sync.tmp_dir", str(tmp_path)])
-    assert isinstance(make_transport(cfg.sync), FilesystemTransport)
+    cfg = load_config(None, ["--sync.transport", "filesystem", "--cluster.shared_dir", str(tmp_path),
+                             "--trainer.run_id", "r1"])
+    t = make_transport(cfg)
+    assert isinstance(t, FilesystemTransport) and t.dir == tmp_path / "r1" / "sync"
+    with pytest.raises(ConfigError, match="^sync.transport: filesystem needs cluster.shared_dir"):
+        load_config(None, ["--sync.transport", "filesystem"])
     with pytest.raises(TypeError):
         ObjectStoreTransport().receive("not an update")

@@ -1,25 +1,35 @@
-"""Ray actor wrappers around the plain worker classes, and the construction of the three groups."""
+"""Ray actor wrappers around the plain worker classes, and the construction of the three groups.
+
+Every actor runs in a bundle of its role's placement group (``placement.py``). Learner
+rendezvous: all ranks are created (rank i in bundle i), rank 0 reports its node's IP and a port
+that is free *on that node*, then every rank joins the process group at that address.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import ray
 
+from grpo_dist.cluster.placement import Placement, actor_specs, place
 from grpo_dist.cluster.ray_utils import ActorGroup, free_port
 from grpo_dist.config import Config
 from grpo_dist.learner import Learner
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.rollout.worker import RolloutWorker
 
+log = logging.getLogger("grpo_dist.cluster")
+
 
 class _Placed:
-    """Mixin: where an actor runs (node IP and process id, for logs and tests)."""
+    """Mixin: where an actor runs (for learner rendezvous, placement checks and logs)."""
 
     def node_info(self) -> dict:
-        return {"ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
+        return {"ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
+                "node_id": ray.get_runtime_context().get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
 
     def debug_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """The one test and fault-injection hook: run ``fn(worker, *args, **kwargs)`` inside this
@@ -38,16 +48,19 @@ class RewardActor(_Placed, RewardWorker):
 
 
 class LearnerActor(_Placed, Learner):
-    def setup(self) -> dict:
+    def rendezvous_address(self) -> dict:
+        """This node's IP and a port free on it (called on rank 0 only)."""
+        ip = ray.util.get_node_ip_address()
+        return {"ip": ip, "port": free_port(ip)}
+
+    def setup(self, master_addr: Optional[str] = None, master_port: Optional[int] = None) -> dict:
         import torch
 
+        if master_addr is not None:
+            self.master_addr, self.master_port = master_addr, int(master_port)
         # the Learner leaves process-wide thread settings alone; inside an actor we own the process
         torch.set_num_threads(self.cfg.cluster.torch_threads)
         return super().setup()
-
-    def rendezvous_address(self) -> dict:
-        """This node's IP and a port free on it, for the DeepSpeed group's rendezvous (rank 0)."""
-        return {"ip": ray.util.get_node_ip_address(), "port": free_port()}
 
 
 @dataclass
@@ -55,6 +68,7 @@ class Workers:
     rollout: ActorGroup
     reward: ActorGroup
     learner: ActorGroup
+    placement: Optional[Placement] = None
 
     def all_groups(self) -> list[ActorGroup]:
         return [self.rollout, self.reward, self.learner]
@@ -62,32 +76,45 @@ class Workers:
     def kill(self) -> None:
         for g in self.all_groups():
             g.kill()
+        if self.placement is not None:
+            self.placement.remove()
 
 
-def create_generators(cfg: Config) -> tuple[ActorGroup, ActorGroup]:
+def create_generators(cfg: Config, placement: Optional[Placement] = None) -> tuple[ActorGroup, ActorGroup]:
     """The rollout and reward actor groups (created, not yet set up)."""
-    c = cfg.cluster
+    spec = actor_specs(cfg)
     rollout = ActorGroup.create("rollout", RolloutActor, [(cfg, i) for i in range(cfg.rollout.num_workers)],
-                                num_cpus=c.rollout_cpus, num_gpus=c.rollout_gpus)
+                                spec=spec["rollout"], placement=placement)
     reward = ActorGroup.create("reward", RewardActor, [(cfg.reward,)] * cfg.reward.num_workers,
-                               num_cpus=c.reward_cpus)
+                               spec=spec["reward"], placement=placement)
     return rollout, reward
 
 
+def start_learners(cfg: Config, placement: Optional[Placement]) -> tuple[ActorGroup, list]:
+    """Create every learner rank in its bundle, ask rank 0 where to meet, start ``setup`` on all
+    ranks (returns the group and the setup refs)."""
+    c, k = cfg.cluster, cfg.learner.num_learners
+    learner = ActorGroup.create("learner", LearnerActor, [(cfg, r, k) for r in range(k)],
+                                spec=actor_specs(cfg)["learner"], placement=placement, timeout=c.learner_timeout_s)
+    where = learner.get([learner.actors[0].rendezvous_address.remote()], timeout=c.actor_start_timeout_s,
+                        ranks=[0])[0]
+    log.info("learner rendezvous at %s:%s (rank 0's node)", where["ip"], where["port"])
+    return learner, learner.call("setup", where["ip"], where["port"])
+
+
 def start_workers(cfg: Config) -> tuple[Workers, dict]:
-    """Create every actor, then set them all up concurrently (engines load while learners init)."""
-    c = cfg.cluster
-    rollout, reward = create_generators(cfg)
-    k = cfg.learner.num_learners
-    first = ActorGroup.create("learner", LearnerActor, [(cfg, 0, k, "127.0.0.1", 0)],
-                              num_cpus=c.learner_cpus, num_gpus=c.learner_gpus)
-    where = first.get([first.actors[0].rendezvous_address.remote()], timeout=c.actor_start_timeout_s)[0]
-    addr, port = (where["ip"], where["port"]) if k > 1 else ("127.0.0.1", where["port"])
-    first.kill()
-    learner = ActorGroup.create("learner", LearnerActor, [(cfg, r, k, addr, port) for r in range(k)],
-                                num_cpus=c.learner_cpus, num_gpus=c.learner_gpus)
-    t = c.actor_start_timeout_s
-    r_refs, l_refs, w_refs = rollout.call("setup"), learner.call("setup"), reward.call("names")
-    info = {"rollout": rollout.get(r_refs, timeout=t), "learner": learner.get(l_refs, timeout=t),
-            "reward": reward.get(w_refs, timeout=t)}
-    return Workers(rollout, reward, learner), info
+    """Place the groups, create every actor, then set them all up concurrently (engines load
+    while learners init)."""
+    placement = place(cfg)
+    try:
+        rollout, reward = create_generators(cfg, placement)
+        learner, l_refs = start_learners(cfg, placement)
+        workers = Workers(rollout, reward, learner, placement)
+        t = cfg.cluster.actor_start_timeout_s
+        r_refs, w_refs = rollout.call("setup"), reward.call("names")
+        info = {"rollout": rollout.get(r_refs, timeout=t), "learner": learner.get(l_refs, timeout=t),
+                "reward": reward.get(w_refs, timeout=t)}
+    except BaseException:
+        placement.remove()
+        raise
+    return workers, info

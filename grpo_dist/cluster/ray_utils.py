@@ -1,4 +1,4 @@
-"""Ray glue: start or join a cluster, check resources before any actor starts, run actor groups.
+"""Ray glue: start or join a cluster, run actor groups (placement: ``placement.py``).
 
 The workers themselves (RolloutWorker, RewardWorker, Learner) are plain classes; this module is
 the only place that knows about ``ray.remote``.
@@ -9,14 +9,18 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import RayActorError, RayTaskError
 
 from grpo_dist.config import Config
 from grpo_dist.env import setup_env
+
+if TYPE_CHECKING:
+    from grpo_dist.cluster.placement import ActorSpec, Placement
 
 log = logging.getLogger("grpo_dist.cluster")
 
@@ -53,22 +57,14 @@ def init_ray(cfg: Config) -> dict[str, Any]:
     return ray.cluster_resources()
 
 
-def check_resources(cfg: Config) -> None:
-    """Fail now, not after a hang: an actor asking for more than the cluster has never starts."""
-    have = ray.cluster_resources()
-    need = cfg.resource_demand()
-    for res, amount in need.items():
-        if amount > have.get(res, 0.0) + 1e-9:
-            raise ClusterError(
-                f"cluster: actors need {amount:g} {res} but the cluster has {have.get(res, 0.0):g} "
-                f"(rollout {cfg.rollout.num_workers} x {cfg.cluster.rollout_cpus} CPU / {cfg.cluster.rollout_gpus} GPU, "
-                f"reward {cfg.reward.num_workers} x {cfg.cluster.reward_cpus} CPU, "
-                f"learner {cfg.learner.num_learners} x {cfg.cluster.learner_cpus} CPU / {cfg.cluster.learner_gpus} GPU)")
+def alive_nodes() -> int:
+    return sum(1 for n in ray.nodes() if n.get("Alive"))
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that is free on ``host`` now (of this node: call it where the port will be used)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -80,17 +76,26 @@ class ActorGroup:
     actors: list[Any]
     factory: Optional[Callable[[int], Any]] = field(default=None, repr=False)  # a fresh actor for rank i
 
+    timeout: Optional[float] = None  # default timeout of ``get`` (None = wait forever)
+
     @classmethod
-    def create(cls, role: str, worker_cls: type, args_per_rank: Sequence[tuple], *, num_cpus: float,
-               num_gpus: float = 0.0, max_concurrency: int = 1) -> "ActorGroup":
+    def create(cls, role: str, worker_cls: type, args_per_rank: Sequence[tuple], *, spec: "ActorSpec",
+               placement: Optional["Placement"] = None, max_concurrency: int = 1,
+               timeout: Optional[float] = None) -> "ActorGroup":
+        """``args_per_rank[i]``: constructor arguments of rank i, placed in bundle i of the role's
+        placement group (when ``placement`` is given)."""
         remote_cls = ray.remote(worker_cls)
         args_per_rank = list(args_per_rank)
 
         def factory(rank: int):
-            return remote_cls.options(num_cpus=num_cpus, num_gpus=num_gpus, name=None,
-                                      max_concurrency=max_concurrency).remote(*args_per_rank[rank])
+            opts: dict[str, Any] = dict(num_cpus=spec.num_cpus, num_gpus=spec.num_gpus, max_concurrency=max_concurrency)
+            if spec.resources:
+                opts["resources"] = dict(spec.resources)
+            if placement is not None:
+                opts["scheduling_strategy"] = placement.strategy(role, rank)
+            return remote_cls.options(**opts).remote(*args_per_rank[rank])
 
-        return cls(role, [factory(i) for i in range(len(args_per_rank))], factory)
+        return cls(role, [factory(i) for i in range(len(args_per_rank))], factory, timeout)
 
     def replace(self, rank: int) -> Any:
         """Kill rank ``rank`` (if anything is left of it) and start a fresh actor in its place
@@ -113,24 +118,33 @@ class ActorGroup:
         return [getattr(a, method).remote(*args) for a, args in zip(self.actors, per_rank_args)]
 
     def get(self, refs: list[Any], timeout: float | None = None, ranks: Optional[Sequence[int]] = None) -> list[Any]:
-        """``ray.get`` that turns a dead or failing actor into one clear ClusterError.
+        """``ray.get`` that turns a dead, failing or silent actor into one clear ClusterError.
 
-        ``ranks``: the actor rank of each ref (default: ``refs`` has one ref per actor, in order)."""
-        try:
-            return ray.get(refs, timeout=timeout)
-        except GetTimeoutError as e:
-            rank = _first_unfinished(refs, self.actors, ranks)
-            raise ClusterError(f"{self.role} worker {_name(rank)}: no answer within {timeout:g} s (hung, or "
-                               f"resources the cluster cannot provide)", self.role, rank, hung=True) from e
-        except RayActorError as e:
-            rank = _which(refs, self.actors, ranks)
-            raise ClusterError(f"{self.role} worker {_name(rank)} died: {e.__class__.__name__}: "
-                               f"{str(e).splitlines()[0] if str(e) else ''}", self.role, rank, dead=True) from e
-        except RayTaskError as e:
-            rank = _which(refs, self.actors, ranks)
-            cause = e.cause if getattr(e, "cause", None) is not None else e
-            raise ClusterError(f"{self.role} worker {_name(rank)} failed: {cause.__class__.__name__}: {cause}",
-                               self.role, rank) from e
+        Fails as soon as any ref fails (a dead rank is reported at once, not after the ranks that
+        wait for it in a collective time out). ``timeout``: seconds for all refs (default: the
+        group's). ``ranks``: the actor rank of each ref (default: one ref per actor, in order)."""
+        timeout = self.timeout if timeout is None else timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pending = list(refs)
+        while pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+            if not ready:
+                rank = _first_unfinished(refs, self.actors, ranks)
+                raise ClusterError(f"{self.role} worker {_name(rank)}: no answer within {timeout:g} s (hung, or "
+                                   f"resources the cluster cannot provide)", self.role, rank, hung=True)
+            try:
+                ray.get(ready)
+            except RayActorError as e:
+                rank = _rank_of(ready[0], refs, self.actors, ranks)
+                raise ClusterError(f"{self.role} worker {_name(rank)} died: {e.__class__.__name__}: "
+                                   f"{str(e).splitlines()[0] if str(e) else ''}", self.role, rank, dead=True) from e
+            except RayTaskError as e:
+                rank = _rank_of(ready[0], refs, self.actors, ranks)
+                cause = e.cause if getattr(e, "cause", None) is not None else e
+                raise ClusterError(f"{self.role} worker {_name(rank)} failed: {cause.__class__.__name__}: {cause}",
+                                   self.role, rank) from e
+        return ray.get(list(refs))
 
     def kill(self) -> None:
         for a in self.actors:
@@ -148,16 +162,8 @@ def _ranks_of(refs: list[Any], actors: list[Any], ranks: Optional[Sequence[int]]
     return range(len(refs)) if len(refs) == len(actors) else [None] * len(refs)
 
 
-def _which(refs: list[Any], actors: list[Any], ranks: Optional[Sequence[int]] = None) -> Optional[int]:
-    """Best effort: the rank of the first ref that failed."""
-    for rank, r in zip(_ranks_of(refs, actors, ranks), refs):
-        try:
-            ray.get(r, timeout=0)
-        except GetTimeoutError:
-            continue
-        except Exception:
-            return rank
-    return None
+def _rank_of(ref: Any, refs: list[Any], actors: list[Any], ranks: Optional[Sequence[int]] = None) -> Optional[int]:
+    return next((rank for rank, r in zip(_ranks_of(refs, actors, ranks), refs) if r.hex() == ref.hex()), None)
 
 
 def _first_unfinished(refs: list[Any], actors: list[Any], ranks: Optional[Sequence[int]] = None) -> Optional[int]:

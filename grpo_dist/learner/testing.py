@@ -171,3 +171,17 @@ def zero3_rank(rank: int, world: int, port: int, model_dir: str, out_dir: str, b
         update = learner.export_update()
         torch.save({"m": m, "m2": m2, "tensors": update.tensors if update is not None else None},
                    f"{out_dir}/rank{rank}.pt")
+
+
+def hang_next_train_step(learner, seconds: float) -> None:
+    """Fault injection: the learner's next ``train_step`` stalls ``seconds`` first (a hung rank)."""
+    import time
+
+    step = learner.train_step
+
+    def stalled(*args, **kwargs):
+        learner.train_step = step  # only this call hangs
+        time.sleep(seconds)
+        return step(*args, **kwargs)
+
+    learner.train_step = stalled

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -59,7 +61,7 @@ class WeightsIO:
         if self._transport is None:
             from grpo_dist.sync import make_transport
 
-            self._transport = make_transport(self.cfg.sync)
+            self._transport = make_transport(self.cfg)
         return self._transport.publish(update)
 
     def save_adapter(self, out_dir: str | os.PathLike) -> None:
@@ -106,3 +108,51 @@ class WeightsIO:
         self._version = int(ours.get("version", self.engine.global_steps))
         self.reference.load(ckpt_dir, self.device)
         return dict(ours.get("client_state", {}))
+
+    # ------------------------------------------------------------------ the same, shipped to the driver
+    # A rank may run on any node: it writes into a node-local temp dir and returns the files it
+    # wrote (relative path -> bytes); the driver merges the ranks' files into its output_dir. LoRA
+    # states are small; full-weight training on several nodes writes to cluster.shared_dir instead.
+    def checkpoint_files(self, client_state: Optional[dict] = None) -> dict[str, bytes]:
+        """``save_checkpoint`` to a local temp dir; this rank's files. Every rank must call it."""
+        with _scratch(f"ckpt-rank{self.rank}") as tmp:
+            self.save_checkpoint(tmp, client_state)
+            return read_tree(tmp)
+
+    def load_checkpoint_files(self, files: dict[str, bytes]) -> dict:
+        """``load_checkpoint`` of the merged files of every rank. Every rank must call it."""
+        with _scratch(f"load-rank{self.rank}") as tmp:
+            write_tree(tmp, files)
+            return self.load_checkpoint(tmp)
+
+    def adapter_files(self) -> dict[str, bytes]:
+        """``save_adapter``'s files (rank 0; {} on the others). Every rank must call it."""
+        with _scratch(f"adapter-rank{self.rank}") as tmp:
+            self.save_adapter(tmp)
+            return read_tree(tmp) if self.rank == 0 else {}
+
+
+@contextlib.contextmanager
+def _scratch(tag: str):
+    path = Path(tempfile.mkdtemp(prefix=f"grpo_dist-{tag}-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def read_tree(root: str | os.PathLike) -> dict[str, bytes]:
+    """Every file under ``root``: relative POSIX path -> bytes."""
+    root = Path(root)
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def write_tree(root: str | os.PathLike, files: dict[str, bytes]) -> None:
+    """Write ``read_tree``'s mapping under ``root`` (refusing paths that leave it)."""
+    root = Path(root).resolve()
+    for rel, data in files.items():
+        out = (root / rel).resolve()
+        if root not in out.parents:
+            raise ValueError(f"refusing to write {rel!r} outside {root}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(data)

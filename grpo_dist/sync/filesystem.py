@@ -1,7 +1,8 @@
 """Shared-filesystem transport: the learner writes ``<dir>/v<version>.pt``, workers read it.
 
 For clusters with a shared mount (NFS, Lustre) and very large full-weight updates, where only a
-path should cross the object store. ``sync.tmp_dir`` must be visible from every node.
+path should cross the object store. The directory is ``<cluster.shared_dir>/<run_id>/sync``:
+every node sees it (checked at start) and two runs never share it.
 """
 
 from __future__ import annotations
@@ -12,15 +13,15 @@ from pathlib import Path
 
 import torch
 
-from grpo_dist.sync.base import WeightTransport, default_tmp_root
+from grpo_dist.sync.base import WeightTransport
 from grpo_dist.types import AdapterUpdate
 
 
 class FilesystemTransport(WeightTransport):
     name = "filesystem"
 
-    def __init__(self, directory: str | os.PathLike | None = None, keep: int = 2):
-        self.dir = Path(directory) if directory else default_tmp_root() / "grpo_dist-sync"
+    def __init__(self, directory: str | os.PathLike, keep: int = 2):
+        self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.keep = keep
 

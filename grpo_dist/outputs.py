@@ -1,0 +1,60 @@
+"""Where a run's outputs go: one absolute ``output_dir`` on the driver's node, and the run id.
+
+Everything a run writes (checkpoints, adapter, summary, trainer state, W&B files, config) is
+written by the driver or sent to it (``checkpoint.py``), so this one directory holds the whole run
+whatever node each actor ran on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+from grpo_dist.config import Config, ConfigError, dump_config
+
+RUN_FILE = "run.json"
+SUBMIT_DIR_ENV = "GRPO_DIST_SUBMIT_DIR"  # set by launch/submit_job.sh: the submitter's directory
+
+
+def in_ray_job() -> bool:
+    """True in the driver of a `ray job submit` (its cwd is Ray's temporary copy of the working dir)."""
+    return "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ or "/runtime_resources/" in str(Path.cwd())
+
+
+def _absolute(path: str, key: str) -> str:
+    p = Path(path).expanduser()
+    if p.is_absolute():
+        return str(p)
+    if in_ray_job():
+        base = os.environ.get(SUBMIT_DIR_ENV)
+        if not base:
+            raise ConfigError(f"{key}: the relative path {path!r} would land in Ray's temporary copy of the working "
+                              f"dir on the job's node and be lost; give an absolute path (launch/submit_job.sh "
+                              f"resolves relative paths against your directory)")
+        return str(Path(base) / p)
+    return str(Path.cwd() / p)
+
+
+def resolve_outputs(cfg: Config) -> Config:
+    """A copy of ``cfg`` with absolute ``output_dir`` / ``checkpoint.dir`` and a ``trainer.run_id``
+    (the one in ``<output_dir>/run.json`` when resuming, else a new one, written there)."""
+    cfg = cfg.model_copy(deep=True)
+    cfg.output_dir = _absolute(cfg.output_dir, "output_dir")
+    if cfg.checkpoint.dir:
+        cfg.checkpoint.dir = _absolute(cfg.checkpoint.dir, "checkpoint.dir")
+    out = Path(cfg.output_dir)
+    run_file = out / RUN_FILE
+    if cfg.trainer.run_id is None:
+        old = json.loads(run_file.read_text()).get("run_id") if run_file.is_file() else None
+        cfg.trainer.run_id = old if (old and cfg.checkpoint.resume) else uuid.uuid4().hex[:12]
+    out.mkdir(parents=True, exist_ok=True)
+    run_file.write_text(json.dumps({"run_id": cfg.trainer.run_id}, indent=1))
+    (out / "config.yaml").write_text(dump_config(cfg))
+    return cfg
+
+
+def resume_command(cfg: Config) -> str:
+    """The exact command that continues this run from its newest checkpoint."""
+    return f"grpo-dist train --config {Path(cfg.output_dir) / 'config.yaml'} --checkpoint.resume auto"
