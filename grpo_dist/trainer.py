@@ -26,6 +26,7 @@ from grpo_dist.config import Config
 from grpo_dist.data import PromptStream
 from grpo_dist.evaluation import eval_metrics, evaluate
 from grpo_dist.monitor import Monitor, StepTimer, non_finite
+from grpo_dist.reward.failures import FailureWatch, RewardFailureError
 from grpo_dist.types import RewardResult
 from grpo_dist.setup_run import make_monitor
 
@@ -47,6 +48,7 @@ class Trainer:
         self.version = 0  # adapter version the rollout workers hold
         self._prefetched: list | None = None  # async: groups generated during the last learn
         self._prefetch_data: dict | None = None  # async: the stream position before them
+        self.reward_watch = FailureWatch(cfg.reward)  # stops a run whose reward function keeps failing
 
     # ---------------------------------------------------------------- set-up
     def setup(self) -> dict[str, Any]:
@@ -80,12 +82,13 @@ class Trainer:
                 groups, self._prefetched, self._prefetch_data = self._prefetched, None, None
             else:
                 with t("generate"):
-                    groups = self._generate(self.stream.next_batch(want - len(kept)))
+                    groups = self._generate(*self._draw(want - len(kept), self.step + 1))
             with t("score"):
                 scores = self.recovery.run(dispatch.score, w.reward, groups)
             seen += len(groups)
             for k, v in scores.errors.items():
                 errors[k] = errors.get(k, 0) + v
+            self.reward_watch.observe(len(scores.total), scores.errors, scores.tracebacks)
             filtering = cfg.algo.dynamic_sampling and rounds < cfg.algo.max_sampling_rounds
             for i, g in enumerate(groups):
                 part = slice(i * G, (i + 1) * G)
@@ -99,7 +102,9 @@ class Trainer:
                 break
             rounds += 1
         merged = RewardResult(total=totals, per_function=per_fn, errors=errors)
-        return kept, merged, {"rollout/sampling_rounds": float(rounds), "rollout/pass_rate": len(kept) / max(1, seen)}
+        m = {"rollout/sampling_rounds": float(rounds), "rollout/pass_rate": len(kept) / max(1, seen)}
+        m.update(self.reward_watch.end_step())  # raises RewardFailureError past reward.max_failure_rate
+        return kept, merged, m
 
     def sync(self) -> dict[str, float]:
         """Learner rank 0 exports version v+1; every rollout worker loads it."""
@@ -155,19 +160,27 @@ class Trainer:
     def _prefetch(self) -> tuple[list, list]:
         """Start generating the next step's prompts with the current weights."""
         self._prefetch_data = self.stream.state_dict()
-        records = self.stream.next_batch(self.cfg.rollout.prompts_per_step)
-        return records, dispatch.submit_generate(self.workers.rollout, records)
+        records, keys = self._draw(self.cfg.rollout.prompts_per_step, self.step + 2)
+        return records, keys, dispatch.submit_generate(self.workers.rollout, records, keys=keys)
 
-    def _collect_prefetch(self, records: list, pending: list) -> list:
+    def _collect_prefetch(self, records: list, keys: list, pending: list) -> list:
         try:
             return dispatch.collect_generate(self.workers.rollout, pending, self.cfg.rollout.generate_timeout_s)
         except ClusterError as e:  # a rollout actor died or hung mid-generation: replace it, generate again
             self.recovery.handle(e)
-            return self._generate(records)
+            return self._generate(records, keys)
 
-    def _generate(self, records: list) -> list:
+    def _draw(self, n: int, step: int) -> tuple[list, list]:
+        """The next ``n`` prompts for (1-based) ``step`` and their sampling-seed keys (trainer
+        seed, step, position in the prompt stream): their completions depend on nothing else,
+        not on the workers, a replacement or a resume (grpo_dist/rollout/seeds.py)."""
+        s = self.stream.state_dict()
+        start = s["epoch"] * s["num_records"] + s["index"]
+        return self.stream.next_batch(n), [(self.cfg.trainer.seed, step, start + i) for i in range(n)]
+
+    def _generate(self, records: list, keys: list) -> list:
         return self.recovery.run(dispatch.generate, self.workers.rollout, records,
-                                 timeout=self.cfg.rollout.generate_timeout_s)
+                                 timeout=self.cfg.rollout.generate_timeout_s, keys=keys)
 
     def _data_state(self) -> dict:
         """Where a resumed run continues: before prompts generated but not yet trained on."""
@@ -188,7 +201,14 @@ class Trainer:
         self.monitor.start(cfg.trainer.steps)
         metrics: dict[str, float] = {}
         while self.step < cfg.trainer.steps:
-            metrics = self.train_step()
+            start = self._data_state()  # the stream before this step's prompts
+            try:
+                metrics = self.train_step()
+            except RewardFailureError as e:  # checkpoint what was learned so far, then stop
+                path = checkpoint.save(cfg, self.workers, self.step, start)
+                raise TrainingError(f"step {self.step + 1}: {e}; stopped with a checkpoint of step {self.step} in "
+                                    f"{path} (fix the function, then continue with --checkpoint.resume auto)\n"
+                                    f"{e.details()}") from None
             self.step += 1
             if cfg.trainer.eval_every and self.step % cfg.trainer.eval_every == 0 and self.eval_records:
                 metrics.update(eval_metrics(self.evaluate()))

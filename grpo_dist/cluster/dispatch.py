@@ -22,6 +22,10 @@ def submit_generate(rollout: ActorGroup, records: list[Any], **kwargs) -> list[t
     Each actor runs its calls in order, so a weight update submitted after this call is applied
     after this generation (the rollouts keep the version they were started with)."""
     shards = split(records, len(rollout))
+    keys = kwargs.pop("keys", None)  # per-prompt sampling-seed keys travel with their prompts
+    if keys is not None:
+        return [(i, a.generate.remote(s, keys=k, **kwargs))
+                for i, (a, s, k) in enumerate(zip(rollout.actors, shards, split(keys, len(rollout)))) if s]
     return [(i, a.generate.remote(s, **kwargs)) for i, (a, s) in enumerate(zip(rollout.actors, shards)) if s]
 
 
@@ -55,11 +59,13 @@ def score(reward: ActorGroup, groups: list[RolloutGroup], functions: list[str] |
         cols["completion_ids"] = [r.completion_ids for r in s]
         refs.append(a.score.remote([r.prompt for r in s], [r.completion for r in s], cols, functions))
     parts: list[RewardResult] = reward.get(refs, ranks=ranks)
-    total, per_fn, errors = [], {}, {}
+    total, per_fn, errors, tracebacks = [], {}, {}, {}
     for p in parts:
         total.extend(p.total)
+        for k, v in getattr(p, "tracebacks", {}).items():
+            tracebacks.setdefault(k, v)
         for k, v in p.per_function.items():
             per_fn.setdefault(k, []).extend(v)
         for k, v in p.errors.items():
             errors[k] = errors.get(k, 0) + v
-    return RewardResult(total=total, per_function=per_fn, errors=errors)
+    return RewardResult(total=total, per_function=per_fn, errors=errors, tracebacks=tracebacks)

@@ -59,6 +59,7 @@ class RewardWorker:
         self.functions: list[NamedReward] = build_reward_fns(cfg.functions)
         self._abandoned: dict[str, threading.Thread] = {}
         self._traced: set[str] = set()
+        self._new_tracebacks: dict[str, str] = {}  # first tracebacks found by the current score call
 
     def names(self) -> list[str]:
         """Function names in config order (the keys of ``per_function`` and ``errors``)."""
@@ -84,6 +85,7 @@ class RewardWorker:
         per_function: dict[str, list[float]] = {}
         errors: dict[str, int] = {}
         total = [0.0] * n
+        self._new_tracebacks: dict[str, str] = {}
         for fn in self.functions:
             if functions is not None and fn.name not in functions:
                 continue
@@ -91,7 +93,7 @@ class RewardWorker:
             per_function[fn.name], errors[fn.name] = values, bad
             for i, v in enumerate(values):
                 total[i] += fn.weight * v
-        return RewardResult(total=total, per_function=per_function, errors=errors)
+        return RewardResult(total=total, per_function=per_function, errors=errors, tracebacks=self._new_tracebacks)
 
     # ------------------------------------------------------------------------------------------
 
@@ -141,13 +143,15 @@ class RewardWorker:
     def _report(self, name: str, message: str, exc: BaseException | None = None,
                 detail: str | None = None) -> None:
         msg = f"reward function {name!r} {message}; they get failure_reward={self.cfg.failure_reward}"
-        first = name not in self._traced  # the first traceback of each function is logged
+        first = name not in self._traced  # the first traceback of each function is logged (and sent)
         if first and exc is not None:
             self._traced.add(name)
             logger.warning(msg, exc_info=exc)
+            self._new_tracebacks[name] = "".join(traceback.format_exception(exc))
         elif first and detail:
             self._traced.add(name)
             logger.warning("%s\nStack of the call:\n%s", msg, detail.rstrip())
+            self._new_tracebacks[name] = f"{message}\nStack of the call:\n{detail.rstrip()}"
         else:
             logger.warning(msg)
 

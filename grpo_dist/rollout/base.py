@@ -39,8 +39,12 @@ class Generator(abc.ABC):
     """One inference engine. Not thread-safe; one per rollout actor."""
 
     @abc.abstractmethod
-    def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec) -> list[list[Sample]]:
-        """For each prompt, ``spec.n`` samples (in order). Greedy when temperature == 0."""
+    def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec,
+                 seeds: list[list[int]] | None = None) -> list[list[Sample]]:
+        """For each prompt, ``spec.n`` samples (in order). Greedy when temperature == 0.
+
+        ``seeds[i][j]``: the seed of sample j of prompt i, which then depends on nothing else
+        (batch, order, other requests); None: the engine's own random stream."""
 
     @abc.abstractmethod
     def set_adapter(self, version: int, path: str | None) -> None:

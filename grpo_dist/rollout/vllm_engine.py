@@ -74,19 +74,31 @@ class VLLMGenerator(Generator):
         self._lora = None  # the LoRARequest being served
         self.enable_lora = enable_lora
 
-    def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec) -> list[list[Sample]]:
+    def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec,
+                 seeds: list[list[int]] | None = None) -> list[list[Sample]]:
         from vllm import SamplingParams, TokensPrompt
 
-        params = SamplingParams(
-            n=spec.n, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
-            max_tokens=spec.max_tokens, stop=list(spec.stop) or None, logprobs=0, seed=spec.seed,
-        )
+        def params(n: int, seed: int | None) -> SamplingParams:
+            return SamplingParams(
+                n=n, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
+                max_tokens=spec.max_tokens, stop=list(spec.stop) or None, logprobs=0, seed=seed)
+
         prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids]
-        outs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora)
+        if seeds is None:
+            outs = self.llm.generate(prompts, params(spec.n, spec.seed), use_tqdm=False, lora_request=self._lora)
+            per_prompt = [list(o.outputs) for o in outs]
+        else:  # one request per sample, each with its own seed (its own torch.Generator in vLLM)
+            flat = [(p, params(1, s)) for p, ss in zip(prompts, seeds) for s in ss]
+            outs = self.llm.generate([p for p, _ in flat], [sp for _, sp in flat], use_tqdm=False,
+                                     lora_request=self._lora)
+            per_prompt, i = [], 0
+            for ss in seeds:
+                per_prompt.append([o.outputs[0] for o in outs[i:i + len(ss)]])
+                i += len(ss)
         result = []
-        for out in outs:
+        for outputs in per_prompt:
             samples = []
-            for c in out.outputs:
+            for c in outputs:
                 ids = list(c.token_ids)
                 lps = [float(step[tok].logprob) for step, tok in zip(c.logprobs or [], ids)]
                 samples.append(Sample(token_ids=ids, text=c.text, logprobs=lps,

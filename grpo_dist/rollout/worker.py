@@ -12,6 +12,7 @@ from typing import Any
 
 from grpo_dist.config import Config
 from grpo_dist.rollout.base import Generator, SamplingSpec
+from grpo_dist.rollout.seeds import SeedKey, sample_seeds
 from grpo_dist.sync import AdapterStore, make_transport
 from grpo_dist.types import AdapterUpdate, Rollout, RolloutGroup
 
@@ -69,15 +70,24 @@ class RolloutWorker:
                             top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens, stop=list(r.stop), seed=seed)
 
     def generate(self, prompts: list[Any], n: int | None = None, temperature: float | None = None,
-                 seed: int | None = None) -> list[RolloutGroup]:
-        """``prompts`` are ``PromptRecord``s (id, prompt, columns). Returns one group per prompt."""
+                 seed: int | None = None, keys: list[SeedKey] | None = None) -> list[RolloutGroup]:
+        """``prompts`` are ``PromptRecord``s (id, prompt, columns). Returns one group per prompt.
+
+        Sampling seeds: ``keys[i] = (seed, step, prompt index)`` gives completion j of prompt i
+        the seed ``sample_seed(*keys[i], j)``; without keys, ``seed`` stands for the keys
+        ``(seed, 0, record id)``; with neither, the engine's own random stream is used."""
         assert self.engine is not None, "call setup() first"
-        spec = self.sampling_spec(n, temperature, seed)
+        spec = self.sampling_spec(n, temperature, None)
         if spec.greedy:
             spec.n = 1 if n is None else n
+        if keys is None and seed is not None:
+            keys = [(int(seed), 0, int(p.id)) for p in prompts]
+        if keys is not None and len(keys) != len(prompts):
+            raise ValueError(f"{len(keys)} seed keys for {len(prompts)} prompts")
+        seeds = sample_seeds(keys, spec.n) if keys is not None and not spec.greedy else None
         add_special = not self.cfg.data.chat_template  # a chat template already holds the BOS
         ids = self.engine.tokenize([p.prompt for p in prompts], add_special_tokens=add_special)
-        samples = self.engine.generate(ids, spec)
+        samples = self.engine.generate(ids, spec, seeds=seeds)
         groups = []
         for rec, pids, outs in zip(prompts, ids, samples):
             groups.append(RolloutGroup(prompt_id=rec.id, rollouts=[
