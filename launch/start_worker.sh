@@ -6,17 +6,8 @@
 # use the address on the cluster's private network.
 set -euo pipefail
 addr="${1:?usage: start_worker.sh HEAD_IP:PORT [ray start args]}"; shift
-export RAY_AUTH_MODE=token
-if [ -z "${RAY_AUTH_TOKEN:-}" ]; then
-  token_path="${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}"
-  if [ ! -s "$token_path" ]; then
-    echo "start_worker.sh: no cluster token at $token_path: copy the head's token file here (mode 600)" \
-         "or set RAY_AUTH_TOKEN_PATH" >&2
-    exit 2
-  fi
-  chmod 600 "$token_path"
-  export RAY_AUTH_TOKEN_PATH="$token_path"
-fi
+. "$(dirname "$0")/_token.sh"
+find_token start_worker.sh "copy the head's token file here (mode 600) or set RAY_AUTH_TOKEN_PATH"
 extra=()
 if [ -n "${RAY_NODE_IP:-}" ]; then extra=(--node-ip-address "$RAY_NODE_IP"); fi
 exec ray start --address "$addr" --disable-usage-stats "${extra[@]}" "$@"

@@ -13,16 +13,8 @@
 set -euo pipefail
 cfg="${1:?usage: submit_job.sh CONFIG [overrides]}"; shift
 export RAY_ADDRESS="${RAY_ADDRESS:-http://127.0.0.1:8265}"
-export RAY_AUTH_MODE=token
-if [ -z "${RAY_AUTH_TOKEN:-}" ]; then
-  token_path="${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}"
-  if [ ! -s "$token_path" ]; then
-    echo "submit_job.sh: no cluster token: set RAY_AUTH_TOKEN_PATH to a copy of the head's token file" \
-         "(launch/start_head.sh says where it is)" >&2
-    exit 2
-  fi
-  export RAY_AUTH_TOKEN_PATH="$token_path"
-fi
+. "$(dirname "$0")/_token.sh"
+find_token submit_job.sh "set RAY_AUTH_TOKEN_PATH to a copy of the head's token file (start_head.sh says where it is)"
 
 env_file="$(umask 077 && mktemp "${TMPDIR:-/tmp}/grpo_dist_job_env.XXXXXX")"
 trap 'rm -f "$env_file"' EXIT
