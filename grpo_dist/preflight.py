@@ -133,7 +133,9 @@ def check_model(cfg: Config) -> Any:
     try:
         tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=cfg.model.trust_remote_code)
     except Exception as e:  # noqa: BLE001
-        raise ConfigError(f"model.path: cannot load the tokenizer in {path}: {_first_line(e)}") from None
+        files = ", ".join(sorted(f.name for f in path.glob("tokenizer*"))) or "none"
+        raise ConfigError(f"model.path: cannot load the tokenizer in {path} (tokenizer files there: {files}): "
+                          f"{_first_line(e).rstrip(': ')}") from None
     return tok
 
 

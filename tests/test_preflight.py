@@ -140,6 +140,7 @@ def test_bad_input_exits_2_with_one_line_fast(case, bad, tiny_model_dir):
     assert re.fullmatch(r"config error: " + pattern + r".*", lines[0]), lines[0]
     assert seconds < LIMIT_S, f"{seconds:.1f} s"
     assert not (bad["dir"] / "run").exists(), "nothing may start before the checks pass"
+    print(f"\nbad input | {case[0]} | {lines[0]} | {seconds:.1f} s")  # the README's table (pytest -s)
 
 
 def test_eval_cli_runs_the_same_checks(bad, tiny_model_dir):
