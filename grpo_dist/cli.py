@@ -95,7 +95,10 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     from grpo_dist.trainer import Trainer, TrainingError
     from grpo_dist.cluster.ray_utils import ClusterError, shutdown_ray
 
-    trainer = Trainer(cfg)
+    try:  # absolute output_dir (a relative one inside a Ray job is refused), run id
+        trainer = Trainer(cfg)
+    except ConfigError as e:
+        return _fail(str(e))
     try:
         summary = trainer.run()
     except ConfigError as e:

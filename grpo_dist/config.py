@@ -263,6 +263,9 @@ class CheckpointConfig(Section):
 class TrainerConfig(Section):
     steps: int = Field(30, gt=0, description="Training steps (one batch of prompts each).")
     seed: int = Field(0, description="Global seed.")
+    run_id: Optional[str] = Field(None, description="Run id (default: made at start and kept in "
+                                  "<output_dir>/run.json, so a resumed run keeps it); names the W&B run and the "
+                                  "run's directory under cluster.shared_dir.")
     eval_every: int = Field(0, ge=0, description="Evaluate every k steps (0 = only before and after).")
     eval_before_after: bool = Field(True, description="Evaluate held-out accuracy before and after training.")
     async_rollouts: bool = Field(False, description="Generate the next batch while the learner trains on this one "
@@ -319,6 +322,20 @@ class Config(Section):
         if self.trainer.async_rollouts and (self.rollout.top_p < 1.0 or self.rollout.top_k > 0):
             raise _KeyError("trainer.async_rollouts", "needs the engine's log-probs of the full distribution for "
                              "the importance ratio; top_p < 1 / top_k > 0 renormalise them (use top_p 1, top_k -1)")
+        c = self.cluster
+        if self.sync.transport == "filesystem" and not c.shared_dir:
+            raise _KeyError("sync.transport", "filesystem needs cluster.shared_dir (a directory every node "
+                             "mounts at the same path); or use object_store")
+        if c.shared_dir and not self.lora.enabled and not _inside(self.output_dir, c.shared_dir):
+            raise _KeyError("output_dir", f"full-weight training with cluster.shared_dir writes checkpoints from "
+                             f"the learner nodes: output_dir must be inside {c.shared_dir}")
+        if c.layout == "colocated" and c.rollout_gpus > 0 and self.trainer.async_rollouts:
+            raise _KeyError("trainer.async_rollouts", "colocated on GPU, the engines sleep while the learner "
+                             "trains: nothing can generate during the update (use layout: disaggregated)")
+        if c.layout == "colocated" and self.rollout.num_workers != self.learner.num_learners:
+            raise _KeyError("cluster.layout", f"colocated puts rollout engine i with learner rank i: "
+                             f"rollout.num_workers ({self.rollout.num_workers}) must equal learner.num_learners "
+                             f"({self.learner.num_learners})")
         if not self.reward.functions:
             raise _KeyError("reward.functions", "at least one reward function is needed")
         if max(self.eval.pass_k) > self.eval.samples_per_prompt:
@@ -355,6 +372,11 @@ class Config(Section):
     @property
     def checkpoint_dir(self) -> Path:
         return Path(self.checkpoint.dir) if self.checkpoint.dir else Path(self.output_dir) / "checkpoints"
+
+
+def _inside(path: str, parent: str) -> bool:
+    p, q = Path(path).absolute(), Path(parent).absolute()
+    return p == q or q in p.parents
 
 
 class _KeyError(ValueError):

@@ -21,9 +21,12 @@ from grpo_dist.batch import SAMPLE_COLUMNS, build_batch, sample_rows, zero_sprea
 from grpo_dist.cluster import dispatch
 from grpo_dist.cluster.actors import Workers, start_workers
 from grpo_dist.cluster.recovery import Recovery
-from grpo_dist.cluster.ray_utils import ClusterError, check_resources, init_ray
-from grpo_dist.config import Config
+from grpo_dist.cluster.ray_utils import ClusterError, alive_nodes, init_ray
+from grpo_dist.cluster.shared_dir import check_shared_dir
+from grpo_dist.outputs import resolve_outputs, resume_command
+from grpo_dist.config import Config, ConfigError
 from grpo_dist.data import PromptStream
+from grpo_dist.rollout.worker import sleeps_while_learning
 from grpo_dist.evaluation import eval_metrics, evaluate
 from grpo_dist.monitor import Monitor, StepTimer, non_finite
 from grpo_dist.reward.failures import FailureWatch, RewardFailureError
@@ -39,12 +42,15 @@ class TrainingError(RuntimeError):
 
 class Trainer:
     def __init__(self, cfg: Config, monitor: Monitor | None = None):
-        self.cfg = cfg
+        self.cfg = cfg = resolve_outputs(cfg)  # absolute output_dir on this node, run id
+        self._sleeps = sleeps_while_learning(cfg)
         self.out = Path(cfg.output_dir)
+        self.trained_prompt_ids: list[int] = []  # every group that entered a learner batch, in order
         self.monitor = monitor
         self.workers: Workers | None = None
         self.step = 0
-        self.history: list[dict[str, float]] = []  # per-step metrics of this process's steps
+        self.history: list[dict[str, float]] = []  # per-step metrics since step 1 (kept across resume)
+        self._before: dict | None = None  # evaluation before training (kept across resume)
         self.version = 0  # adapter version the rollout workers hold
         self._prefetched: list | None = None  # async: groups generated during the last learn
         self._prefetch_data: dict | None = None  # async: the stream position before them
@@ -57,12 +63,16 @@ class Trainer:
         self.train_records, self.eval_records = preflight.prepared_data(cfg)  # model, rewards, data checked
         self.stream = PromptStream(self.train_records, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
         init_ray(cfg)
-        check_resources(cfg)
+        self._check_shared_storage()
         self.monitor = self.monitor or make_monitor(cfg)
         self.workers, info = start_workers(cfg)
         self.recovery = Recovery(cfg, self.workers, lambda: self._export() if self.version > 0 else None)
         if cfg.checkpoint.resume:
-            self.step = checkpoint.restore(cfg, self.workers, self.stream)
+            self.step, run_state, path = checkpoint.restore(cfg, self.workers, self.stream)
+            if path is not None:
+                print(f"resumed from step {self.step} ({path})", flush=True)
+                self.history = list(run_state.get("history", []))
+                self._before = run_state.get("eval_before")
             self.sync()
         return info
 
@@ -120,20 +130,21 @@ class Trainer:
                 "sync/version": float(versions.pop())}
 
     def _export(self):
-        """A Ray ref to the learner's current weights as the transport carries them (ZeRO-3 ranks
-        all gather; rank 0 returns)."""
-        lg = self.workers.learner
-        if self.cfg.learner.zero_stage == 3 and len(lg) > 1:
-            return lg.call("publish_update")[0]
-        return lg.actors[0].publish_update.remote()
+        """A Ray ref to the learner's current weights as the transport carries them. Called on
+        every rank (ZeRO-3 gathers the partitions: a collective); rank 0's result is the payload."""
+        return self.workers.learner.call("publish_update")[0]
 
     def train_step(self) -> dict[str, float]:
         cfg, w, t = self.cfg, self.workers, StepTimer()
         groups, scores, m = self.collect(t)
+        self.trained_prompt_ids.extend(g.prompt_id for g in groups)
         batch, rollout_m = build_batch(groups, scores, cfg.rollout.group_size, cfg.algo, cfg.rollout.max_tokens)
         m.update(rollout_m)
         m["rollout/staleness"] = sum(self.version - v for v in batch.adapter_versions) / max(1, len(batch))
         pending = self._prefetch() if cfg.trainer.async_rollouts and self.step + 1 < cfg.trainer.steps else None
+        if self._sleeps:  # colocated on GPU: engines free their memory; the sync wakes them
+            with t("rollout_sleep"):
+                w.rollout.get(w.rollout.call("sleep"))
         with t("learn"):
             k = len(w.learner)
             stats = w.learner.get(w.learner.call_each("train_step", [(batch.shard(r, k),) for r in range(k)]))
@@ -197,15 +208,48 @@ class Trainer:
         cfg, t0 = self.cfg, time.perf_counter()
         if self.workers is None:
             self.setup()
-        before = self.evaluate() if cfg.trainer.eval_before_after and self.eval_records else None
+        if self._before is None and cfg.trainer.eval_before_after and self.eval_records:
+            self._before = self.evaluate()  # a resumed run keeps the original start's evaluation
+        before = self._before
         self.monitor.start(cfg.trainer.steps)
         metrics: dict[str, float] = {}
+        try:
+            metrics = self._loop()
+            after = self.evaluate() if before is not None else None
+            self._save(self._data_state())
+            adapter_dir = checkpoint.save_final(cfg, self.workers.learner, self.out / "adapter")
+        except ClusterError as e:  # past recovery (a learner rank lost, restarts used up): say how to go on
+            raise TrainingError(f"{e}; stopped at step {self.step}: {self._resume_hint()}") from e
+        return self.finish(before, after, metrics, adapter_dir, time.perf_counter() - t0)
+
+    def _save(self, data_state: dict):
+        return checkpoint.save(self.cfg, self.workers, self.step, data_state,
+                               {"history": self.history, "eval_before": self._before})
+
+    def _resume_hint(self) -> str:
+        found = checkpoint.list_checkpoints(self.cfg.checkpoint_dir)
+        last = (f"the last checkpoint is {found[-1]} (step {int(found[-1].name.split('_')[1])})" if found
+                else f"no checkpoint was written yet (checkpoint.every={self.cfg.checkpoint.every})")
+        return f"{last}; resume with: {resume_command(self.cfg)}"
+
+    def _check_shared_storage(self) -> None:
+        """``cluster.shared_dir`` is seen by every node; full weights on several nodes need it."""
+        c = self.cfg.cluster
+        if c.shared_dir:
+            check_shared_dir(c.shared_dir, self.cfg.trainer.run_id, c.actor_start_timeout_s)
+        elif not self.cfg.lora.enabled and alive_nodes() > 1:
+            raise ConfigError("cluster.shared_dir: full-weight training (lora.enabled: false) on several nodes "
+                              "writes checkpoints from the learner nodes; set cluster.shared_dir to a directory "
+                              "every node mounts (and output_dir inside it)")
+
+    def _loop(self) -> dict[str, float]:
+        cfg, metrics = self.cfg, {}
         while self.step < cfg.trainer.steps:
             start = self._data_state()  # the stream before this step's prompts
             try:
                 metrics = self.train_step()
             except RewardFailureError as e:  # checkpoint what was learned so far, then stop
-                path = checkpoint.save(cfg, self.workers, self.step, start)
+                path = self._save(start)
                 raise TrainingError(f"step {self.step + 1}: {e}; stopped with a checkpoint of step {self.step} in "
                                     f"{path} (fix the function, then continue with --checkpoint.resume auto)\n"
                                     f"{e.details()}") from None
@@ -219,12 +263,8 @@ class Trainer:
                 self.monitor.log_table("samples", SAMPLE_COLUMNS, sample_rows(*self._last_samples,
                                        cfg.logging.sample_table_rows), self.step)
             if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
-                checkpoint.save(cfg, self.workers, self.step, self._data_state())
-        after = self.evaluate() if before is not None else None
-        checkpoint.save(cfg, self.workers, self.step, self._data_state())
-        adapter_dir = self.out / "adapter"
-        self.workers.learner.get([self.workers.learner.actors[0].save_adapter.remote(str(adapter_dir))])
-        return self.finish(before, after, metrics, adapter_dir, time.perf_counter() - t0)
+                self._save(self._data_state())
+        return metrics
 
     def evaluate(self) -> dict[str, Any]:
         return evaluate(self.cfg, self.workers.rollout, self.workers.reward, self.eval_records)

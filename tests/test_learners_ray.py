@@ -142,3 +142,29 @@ def test_hung_learner_stops_the_run_naming_checkpoint_and_resume_command(local_r
     assert msg.startswith("learner worker 0: no answer within 15 s") and "\n" not in msg
     assert f"the last checkpoint is {out / 'checkpoints' / 'step_000001'} (step 1)" in msg
     assert msg.endswith(f"resume with: grpo-dist train --config {out / 'config.yaml'} --checkpoint.resume auto")
+
+
+@pytest.mark.timeout(600)
+def test_colocated_layout_on_cpu_trains_in_shared_bundles(local_ray, pretrained_model_dir, tmp_path):
+    """cluster.layout colocated on CPU: learner rank i and engine i share bundle i of one group
+    (placement only: no sleep mode without a GPU); the run trains and syncs as usual."""
+    import ray
+
+    from grpo_dist.trainer import Trainer
+
+    cfg = config(pretrained_model_dir, tmp_path / "run", learner={"num_learners": 2}, rollout={"num_workers": 2},
+                 cluster={"layout": "colocated", "learner_cpus": 0.25, "rollout_cpus": 0.25}, trainer={"steps": 2},
+                 checkpoint={"every": 0})
+    trainer = Trainer(cfg)
+    try:
+        trainer.setup()
+        plans = trainer.workers.placement.plans
+        assert set(plans) == {"learner+rollout", "reward"}
+        assert plans["learner+rollout"].bundles == [{"CPU": 0.5}, {"CPU": 0.5}]
+        table = ray.util.placement_group_table(trainer.workers.placement.groups["learner+rollout"])
+        assert table["state"] == "CREATED" and table["strategy"] == "PACK"
+        summary = trainer.run()
+        assert summary["steps"] == 2 and not trainer._sleeps
+        assert [h["version"] for h in ray.get([a.health.remote() for a in trainer.workers.rollout.actors])] == [2, 2]
+    finally:
+        trainer.close()

@@ -37,15 +37,18 @@ def cluster():
 
     shutdown_ray()
     dash = free_port()
+    def ports():  # every node on this machine needs its own agent ports (the defaults collide)
+        return {"dashboard_agent_listen_port": free_port(), "metrics_export_port": free_port()}
+
     c = Cluster(initialize_head=True, connect=True,
                 head_node_args={"num_cpus": 1, "resources": {"reward_slot": 1}, "include_dashboard": True,
-                                "dashboard_host": "127.0.0.1", "dashboard_port": dash})
+                                "dashboard_host": "127.0.0.1", "dashboard_port": dash, **ports()})
     c.dashboard_url = f"http://127.0.0.1:{dash}"
     nodes = {"head": c.head_node}
     for name, args in (("n1", dict(num_cpus=1, num_gpus=1, resources={"trainer": 1, "gen": 1})),
                        ("n2", dict(num_cpus=1, num_gpus=1, resources={"trainer": 1, "gen": 1})),
                        ("n3", dict(num_cpus=2, resources={"gen": 2, "driver_slot": 1}))):
-        nodes[name] = c.add_node(**args)
+        nodes[name] = c.add_node(**args, **ports())
     c.wait_for_nodes()
     c.nodes_by_name = nodes
     yield c
@@ -324,10 +327,11 @@ def test_lost_learner_node_stops_naming_checkpoint_and_resume_command(cluster, l
     resumes. On the smaller cluster that resume is refused in seconds (the learner group needs two
     {trainer: 1} nodes); with a node added back it continues from step 1 to the end."""
     from grpo_dist.cluster.placement import PlacementError
+    from grpo_dist.cluster.ray_utils import free_port
     from grpo_dist.trainer import Trainer, TrainingError
 
     lost_rollout_node_run[0].close()  # its learners hold n1 and n2
-    cluster.nodes_by_name["n4"] = cluster.add_node(num_cpus=2, resources={"gen": 2})
+    cluster.nodes_by_name["n4"] = cluster.add_node(num_cpus=2, resources={"gen": 2}, dashboard_agent_listen_port=free_port())
     cluster.wait_for_nodes()
     out = tmp_path / "run"
 
@@ -350,7 +354,7 @@ def test_lost_learner_node_stops_naming_checkpoint_and_resume_command(cluster, l
     resumed_cfg = load_config(out / "config.yaml", {"checkpoint": {"resume": "auto"}})
     with pytest.raises(PlacementError, match="learner group .*STRICT_SPREAD.* needs 2 nodes"):
         Trainer(resumed_cfg).setup()
-    cluster.nodes_by_name["n5"] = cluster.add_node(num_cpus=1, resources={"trainer": 1})
+    cluster.nodes_by_name["n5"] = cluster.add_node(num_cpus=1, resources={"trainer": 1}, dashboard_agent_listen_port=free_port())
     cluster.wait_for_nodes()
     trainer = Trainer(resumed_cfg)
     try:

@@ -14,6 +14,7 @@ gradient of that whole-batch loss (no division by the accumulation steps either)
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import time
 from typing import Any, Optional
@@ -72,7 +73,9 @@ class Learner(WeightsIO):
         torch.manual_seed(cfg.trainer.seed)
         backend = cfg.learner.comm_backend or ("nccl" if cuda else "gloo")
         t0 = time.perf_counter()
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+        # a rank that never joins (or dies mid-collective) becomes an error after this, not a hang
+        timeout = datetime.timedelta(seconds=cfg.cluster.collective_timeout_s)
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False, timeout=timeout)
         t_dist = time.perf_counter() - t0
 
         model = AutoModelForCausalLM.from_pretrained(

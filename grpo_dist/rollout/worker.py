@@ -28,10 +28,15 @@ def make_generator(cfg: Config, seed: int) -> Generator:
             cfg.model.path, max_model_len=cfg.model.max_model_len, enable_lora=cfg.lora.enabled,
             lora_rank=cfg.lora.r, max_loras=cfg.rollout.max_loras, enforce_eager=cfg.rollout.enforce_eager,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, cpu_kvcache_gb=cfg.rollout.cpu_kvcache_gb,
-            **common)
+            enable_sleep_mode=sleeps_while_learning(cfg), **common)
     from grpo_dist.rollout.hf_engine import HFGenerator
 
     return HFGenerator(cfg.model.path, **common)
+
+
+def sleeps_while_learning(cfg: Config) -> bool:
+    """Colocated on GPU: the engine frees its GPU memory (sleep level 1) while the learner trains."""
+    return cfg.cluster.layout == "colocated" and cfg.cluster.rollout_gpus > 0 and cfg.rollout.backend == "vllm"
 
 
 class RolloutWorker:
@@ -41,7 +46,8 @@ class RolloutWorker:
         self.version = 0
         self.engine: Generator | None = None
         self.store: AdapterStore | None = None
-        self.transport = make_transport(cfg.sync)
+        self._asleep = False  # colocated on GPU: weights and KV cache released for the learner
+        self.transport = make_transport(cfg)
 
     # -- lifecycle -------------------------------------------------------------------------
     def setup(self) -> dict[str, Any]:
@@ -106,12 +112,25 @@ class RolloutWorker:
         if update.version < self.version:
             raise ValueError(f"rollout worker {self.rank}: got version {update.version} older than {self.version}")
         path = self.store.write(update)
+        asleep, self._asleep = self._asleep, False
+        if asleep:  # weights first, then the KV cache: waking both at once is the known OOM
+            self.engine.wake_up(["weights"])
         if update.is_lora:
             self.engine.set_adapter(update.version, str(path))
         else:
             self.engine.load_full_weights(str(path))
+        if asleep:
+            self.engine.wake_up(["kv_cache"])
         self.version = update.version
         return {"version": update.version, "bytes": update.nbytes, "seconds": time.perf_counter() - t0}
+
+    def sleep(self) -> bool:
+        """Release GPU memory for the colocated learner (no-op unless ``sleeps_while_learning``);
+        the next ``load_update`` wakes the engine."""
+        if sleeps_while_learning(self.cfg) and not self._asleep:
+            self.engine.sleep(level=1)
+            self._asleep = True
+        return self._asleep
 
     def load_adapter_dir(self, path: str | None, version: int) -> dict[str, Any]:
         """Serve a PEFT adapter directory from disk as ``version`` (None: the base model)."""
