@@ -54,6 +54,9 @@ def init_ray(cfg: Config) -> dict[str, Any]:
         # address="local": always a fresh cluster, never one a `ray start` left on this machine
         ray.init(address="local", num_cpus=cfg.cluster.num_cpus, include_dashboard=False, runtime_env=runtime_env,
                  log_to_driver=True, configure_logging=True, logging_level=logging.WARNING)
+        from grpo_dist.cluster.reaper import start_reaper
+
+        start_reaper()  # a driver killed with SIGKILL leaves no process of this cluster behind
     return ray.cluster_resources()
 
 
