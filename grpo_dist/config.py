@@ -342,10 +342,16 @@ class Config(Section):
             raise _KeyError("eval.pass_k", f"k={max(self.eval.pass_k)} exceeds eval.samples_per_prompt "
                              f"{self.eval.samples_per_prompt}")
         if self.cluster.address is None and self.cluster.num_cpus is not None:
-            need = self.resource_demand()["CPU"]
-            if need > self.cluster.num_cpus + 1e-9:
-                raise _KeyError("cluster.num_cpus", f"actors need {need:g} CPUs but the local cluster has "
-                                 f"{self.cluster.num_cpus} (lower cluster.*_cpus or worker counts)")
+            # the local cluster is one node with num_cpus CPUs (GPUs: grpo_dist.devices checks them)
+            # and no custom resources: the same per-node check the placement does on a real cluster
+            from grpo_dist.cluster.placement import PlacementError, check_feasible, plan
+
+            node = {"CPU": float(self.cluster.num_cpus), "GPU": self.resource_demand()["GPU"]}
+            try:
+                check_feasible(plan(self), {"local" + "0" * 27: node})
+            except PlacementError as e:
+                raise _KeyError("cluster.num_cpus", f"the local cluster ({self.cluster.num_cpus} CPUs, no custom "
+                                 f"resources) cannot hold the actors: {str(e).removeprefix('cluster: ')}") from None
         return self
 
     def _device_defaults(self) -> None:
