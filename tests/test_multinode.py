@@ -234,7 +234,15 @@ def test_job_submitted_to_the_cluster_writes_every_output_to_the_requested_dir(c
 
     from grpo_dist.outputs import SUBMIT_DIR_ENV
 
-    cmd = (f"{sys.executable} -m grpo_dist.cli train --config configs/tiny_cpu.yaml --cluster.address auto "
+    # Simulation artefact: every "node" here shares one session dir, so each node's runtime-env agent
+    # unpacks the job's working_dir into the same path and replaces the driver's cwd under it
+    # (wandb.init then fails in os.getcwd()). On a real cluster each node has its own disk. The
+    # driver therefore starts from a directory of its own; it is still a submitted job (Ray's job
+    # environment), and output_dir is still relative.
+    stable = tmp_path / "driver-cwd"
+    stable.mkdir()
+    cmd = (f"cd {stable} && {sys.executable} -m grpo_dist.cli train --config {ROOT / 'configs/tiny_cpu.yaml'} "
+           f"--cluster.address auto "
            f"--cluster.num_cpus null --model.path {pretrained_model_dir} --model.make_if_missing null "
            f"--output_dir runs/job --trainer.steps 2 --trainer.eval_before_after false --logging.progress false "
            f"--rollout.backend hf --rollout.num_workers 1 --rollout.prompts_per_step 4 --rollout.group_size 4 "

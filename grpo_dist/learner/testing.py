@@ -174,14 +174,16 @@ def zero3_rank(rank: int, world: int, port: int, model_dir: str, out_dir: str, b
 
 
 def hang_next_train_step(learner, seconds: float) -> None:
-    """Fault injection: the learner's next ``train_step`` stalls ``seconds`` first (a hung rank)."""
+    """Fault injection: the learner's next forward pass (inside its next ``train_step``) stalls
+    ``seconds`` first (a hung rank). Patches the instance's ``_forward``, which ``train_step``
+    looks up on the instance (Ray dispatches the actor method itself from the class)."""
     import time
 
-    step = learner.train_step
+    forward = learner._forward
 
     def stalled(*args, **kwargs):
-        learner.train_step = step  # only this call hangs
+        del learner._forward  # only this call hangs
         time.sleep(seconds)
-        return step(*args, **kwargs)
+        return forward(*args, **kwargs)
 
-    learner.train_step = stalled
+    learner._forward = stalled
