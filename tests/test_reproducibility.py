@@ -1,8 +1,8 @@
 """Same seed, same run: whole Trainer runs on the real stack (local Ray, DeepSpeed learner, W&B off).
 
 Each completion's sampling seed is derived from (trainer seed, step, prompt index, sample
-index), so runs with one or two vLLM rollout workers sample the same tokens, and two runs with
-the same seed give the same metrics. What is left: vLLM computes a prompt's logits in a batch
+index), so runs with one or two vLLM rollout workers sample the same tokens, two runs with the
+same seed give the same metrics, and so does a run whose rollout worker is killed and replaced. What is left: vLLM computes a prompt's logits in a batch
 whose composition depends on the sharding, so its behaviour log-probs may differ in the last
 float bits between the two layouts; the test bounds that difference (it never changes a token
 here, and in sync mode the loss does not use them).
@@ -30,12 +30,17 @@ def ray_cluster():
     shutdown_ray()
 
 
-def run(model_dir, out, backend: str, workers: int, seed: int = 0):
-    """A short run; returns (per-step metrics, per-step completion ids, per-step behaviour log-probs)."""
+def run(model_dir, out, backend: str, workers: int, seed: int = 0, steps: int = STEPS, kill_before: int = 0):
+    """A short run; returns (per-step metrics, per-step completion ids, per-step behaviour log-probs).
+    ``kill_before=k``: rollout worker ``workers - 1`` is killed just before step k (and replaced)."""
+    import ray
+
     from grpo_dist.trainer import Trainer
 
     class Recording(Trainer):
         def train_step(self):
+            if len(self.seen) + 1 == kill_before:
+                ray.kill(self.workers.rollout.actors[-1], no_restart=True)
             m = super().train_step()
             self.seen.append((self.last_batch.completion_ids, self.last_batch.behaviour_logprobs))
             return m
@@ -43,7 +48,7 @@ def run(model_dir, out, backend: str, workers: int, seed: int = 0):
     cfg = load_config(ROOT / "configs/tiny_cpu.yaml", {
         "output_dir": str(out), "model": {"path": str(model_dir), "make_if_missing": None},
         "rollout": {"backend": backend, "num_workers": workers, "prompts_per_step": 4, "group_size": 4},
-        "learner": {"micro_batch_size": 16}, "trainer": {"steps": STEPS, "seed": seed, "eval_before_after": False},
+        "learner": {"micro_batch_size": 16}, "trainer": {"steps": steps, "seed": seed, "eval_before_after": False},
         "checkpoint": {"every": 0}, "logging": {"wandb_mode": "disabled", "progress": False}})
     t = Recording(cfg)
     t.seen = []
@@ -60,8 +65,12 @@ def test_same_seed_twice_gives_identical_metrics(ray_cluster, pretrained_model_d
     a, ca, _ = run(pretrained_model_dir, tmp_path / "a", "hf", 1)
     b, cb, _ = run(pretrained_model_dir, tmp_path / "b", "hf", 1)
     assert len(a) == STEPS and a == b and ca == cb
-    c, cc, _ = run(pretrained_model_dir, tmp_path / "c", "hf", 1, seed=1)  # and the seed matters
-    assert cc[0] != ca[0]
+    # two workers, the second one killed before step 2 and replaced: still the same run
+    c, cc, _ = run(pretrained_model_dir, tmp_path / "c", "hf", 2, kill_before=2)
+    assert [h.pop("cluster/restarts") for h in c] == [0.0, 1.0, 1.0]
+    assert cc == ca and c == [{k: v for k, v in h.items() if k != "cluster/restarts"} for h in a]
+    d, cd, _ = run(pretrained_model_dir, tmp_path / "d", "hf", 1, seed=1, steps=1)  # and the seed matters
+    assert cd[0] != ca[0]
 
 
 def test_one_and_two_vllm_workers_sample_the_same_completions(ray_cluster, pretrained_model_dir, tmp_path):
