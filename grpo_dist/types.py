@@ -74,7 +74,6 @@ class RewardResult:
     per_function: dict[str, list[float]]
     errors: dict[str, int] = field(default_factory=dict)
     tracebacks: dict[str, str] = field(default_factory=dict)  # name -> its first failure (sent once per worker)
-    tracebacks: dict[str, str] = field(default_factory=dict)  # name -> its first failure (sent once per worker)
 
 
 @dataclass
