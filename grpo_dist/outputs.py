@@ -11,6 +11,7 @@ import json
 import os
 import uuid
 from pathlib import Path
+from typing import Any
 
 from grpo_dist.config import Config, ConfigError, dump_config
 
@@ -58,3 +59,36 @@ def resolve_outputs(cfg: Config) -> Config:
 def resume_command(cfg: Config) -> str:
     """The exact command that continues this run from its newest checkpoint."""
     return f"grpo-dist train --config {Path(cfg.output_dir) / 'config.yaml'} --checkpoint.resume auto"
+
+
+def resume_hint(cfg: Config) -> str:
+    """Where a stopped run can continue from, and how."""
+    from grpo_dist.checkpoint import list_checkpoints
+
+    found = list_checkpoints(cfg.checkpoint_dir)
+    last = (f"the last checkpoint is {found[-1]} (step {int(found[-1].name.split('_')[1])})" if found
+            else f"no checkpoint was written yet (checkpoint.every={cfg.checkpoint.every})")
+    return f"{last}; resume with: {resume_command(cfg)}"
+
+
+def mean_timing(history: list[dict[str, float]]) -> dict[str, float]:
+    """Mean seconds per step of each phase (over the steps that had it) and tokens/s."""
+    keys = sorted({k for h in history for k in h if k.startswith(("timing/", "perf/"))})
+    return {k: sum(h[k] for h in history if k in h) / sum(1 for h in history if k in h) for k in keys}
+
+
+def write_summary(out: Path, steps: int, wall: float, adapter_dir, wandb_dir, metrics: dict, history: list[dict],
+                  before: dict | None, after: dict | None) -> dict[str, Any]:
+    """``<out>/summary.json``: the whole run (``history`` from step 1, also after a resume)."""
+    summary: dict[str, Any] = {"steps": steps, "wall_seconds": wall, "adapter_dir": str(adapter_dir),
+                               "wandb_dir": wandb_dir, "final_metrics": metrics,
+                               "reward_curve": [h.get("rollout/reward_mean") for h in history],
+                               "mean_timing": mean_timing(history)}
+    for name, rep in (("before", before), ("after", after)):
+        if rep is not None:
+            for key in ("sampled_accuracy", "greedy_accuracy", "mean_reward"):  # no accuracy without answers
+                if key in rep:
+                    summary[f"{key}_{name}"] = rep[key]
+            summary[f"eval_{name}"] = rep
+    (Path(out) / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+    return summary

@@ -10,7 +10,6 @@ Reads like the algorithm; everything else lives in ``batch`` (pure shaping/advan
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -21,10 +20,10 @@ from grpo_dist.batch import SAMPLE_COLUMNS, build_batch, sample_rows, zero_sprea
 from grpo_dist.cluster import dispatch
 from grpo_dist.cluster.actors import Workers, start_workers
 from grpo_dist.cluster.recovery import Recovery
-from grpo_dist.cluster.ray_utils import ClusterError, alive_nodes, init_ray
-from grpo_dist.cluster.shared_dir import check_shared_dir
-from grpo_dist.outputs import resolve_outputs, resume_command
-from grpo_dist.config import Config, ConfigError
+from grpo_dist.cluster.ray_utils import ClusterError, init_ray
+from grpo_dist.cluster.shared_dir import check_storage
+from grpo_dist.outputs import resolve_outputs, resume_hint, write_summary
+from grpo_dist.config import Config
 from grpo_dist.data import PromptStream
 from grpo_dist.rollout.worker import sleeps_while_learning
 from grpo_dist.evaluation import eval_metrics, evaluate
@@ -63,7 +62,7 @@ class Trainer:
         self.train_records, self.eval_records = preflight.prepared_data(cfg)  # model, rewards, data checked
         self.stream = PromptStream(self.train_records, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
         init_ray(cfg)
-        self._check_shared_storage()
+        check_storage(cfg)  # cluster.shared_dir seen by every node; full weights on several nodes need it
         self.monitor = self.monitor or make_monitor(cfg)
         self.workers, info = start_workers(cfg)
         self.recovery = Recovery(cfg, self.workers, lambda: self._export() if self.version > 0 else None)
@@ -219,28 +218,12 @@ class Trainer:
             self._save(self._data_state())
             adapter_dir = checkpoint.save_final(cfg, self.workers.learner, self.out / "adapter")
         except ClusterError as e:  # past recovery (a learner rank lost, restarts used up): say how to go on
-            raise TrainingError(f"{e}; stopped at step {self.step}: {self._resume_hint()}") from e
+            raise TrainingError(f"{e}; stopped at step {self.step}: {resume_hint(cfg)}") from e
         return self.finish(before, after, metrics, adapter_dir, time.perf_counter() - t0)
 
     def _save(self, data_state: dict):
         return checkpoint.save(self.cfg, self.workers, self.step, data_state,
                                {"history": self.history, "eval_before": self._before})
-
-    def _resume_hint(self) -> str:
-        found = checkpoint.list_checkpoints(self.cfg.checkpoint_dir)
-        last = (f"the last checkpoint is {found[-1]} (step {int(found[-1].name.split('_')[1])})" if found
-                else f"no checkpoint was written yet (checkpoint.every={self.cfg.checkpoint.every})")
-        return f"{last}; resume with: {resume_command(self.cfg)}"
-
-    def _check_shared_storage(self) -> None:
-        """``cluster.shared_dir`` is seen by every node; full weights on several nodes need it."""
-        c = self.cfg.cluster
-        if c.shared_dir:
-            check_shared_dir(c.shared_dir, self.cfg.trainer.run_id, c.actor_start_timeout_s)
-        elif not self.cfg.lora.enabled and alive_nodes() > 1:
-            raise ConfigError("cluster.shared_dir: full-weight training (lora.enabled: false) on several nodes "
-                              "writes checkpoints from the learner nodes; set cluster.shared_dir to a directory "
-                              "every node mounts (and output_dir inside it)")
 
     def _loop(self) -> dict[str, float]:
         cfg, metrics = self.cfg, {}
@@ -270,24 +253,10 @@ class Trainer:
         return evaluate(self.cfg, self.workers.rollout, self.workers.reward, self.eval_records)
 
     def finish(self, before, after, metrics, adapter_dir, wall) -> dict[str, Any]:
-        summary: dict[str, Any] = {"steps": self.step, "wall_seconds": wall, "adapter_dir": str(adapter_dir),
-                                   "wandb_dir": getattr(self.monitor, "wandb_dir", None), "final_metrics": metrics,
-                                   "reward_curve": [h.get("rollout/reward_mean") for h in self.history],
-                                   "mean_timing": self._mean_timing()}
-        for name, rep in (("before", before), ("after", after)):
-            if rep is not None:
-                for key in ("sampled_accuracy", "greedy_accuracy", "mean_reward"):  # no accuracy without answers
-                    if key in rep:
-                        summary[f"{key}_{name}"] = rep[key]
-                summary[f"eval_{name}"] = rep
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+        summary = write_summary(self.out, self.step, wall, adapter_dir, getattr(self.monitor, "wandb_dir", None),
+                                metrics, self.history, before, after)
         self.monitor.summary({k: v for k, v in summary.items() if not isinstance(v, dict)})
         return summary
-
-    def _mean_timing(self) -> dict[str, float]:
-        """Mean seconds per step of each phase (over the steps that had it) and tokens/s."""
-        keys = sorted({k for h in self.history for k in h if k.startswith(("timing/", "perf/"))})
-        return {k: sum(h[k] for h in self.history if k in h) / sum(1 for h in self.history if k in h) for k in keys}
 
     def close(self) -> None:
         if self.monitor is not None:

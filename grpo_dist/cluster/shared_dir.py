@@ -59,3 +59,17 @@ def check_shared_dir(shared_dir: str, run_id: str, timeout_s: float = 120.0) -> 
         return len(nodes)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def check_storage(cfg) -> None:
+    """``cluster.shared_dir`` (when set) is seen by every node; full-weight training on several
+    nodes needs one (its learners write the checkpoints themselves)."""
+    from grpo_dist.cluster.ray_utils import alive_nodes
+
+    c = cfg.cluster
+    if c.shared_dir:
+        check_shared_dir(c.shared_dir, cfg.trainer.run_id, c.actor_start_timeout_s)
+    elif not cfg.lora.enabled and alive_nodes() > 1:
+        raise ConfigError("cluster.shared_dir: full-weight training (lora.enabled: false) on several nodes "
+                          "writes checkpoints from the learner nodes; set cluster.shared_dir to a directory "
+                          "every node mounts (and output_dir inside it)")
