@@ -366,6 +366,8 @@ def test_lost_learner_node_stops_naming_checkpoint_and_resume_command(cluster, l
         trainer.setup()
         assert trainer.step == 1 and trainer.cfg.trainer.run_id == json.loads((out / "run.json").read_text())["run_id"]
         summary = trainer.run()
-        assert summary["steps"] == 3 and [h["step"] for h in trainer.history] == [2.0, 3.0]
+        # the records cover the whole run: step 1 from the checkpoint, steps 2 and 3 trained now
+        assert summary["steps"] == 3 and [h["step"] for h in trainer.history] == [1.0, 2.0, 3.0]
+        assert len(summary["reward_curve"]) == 3
     finally:
         trainer.close()
