@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from grpo_dist.config import Config
 from grpo_dist.env import setup_env
@@ -147,6 +147,10 @@ class ActorGroup:
                 cause = e.cause if getattr(e, "cause", None) is not None else e
                 raise ClusterError(f"{self.role} worker {_name(rank)} failed: {cause.__class__.__name__}: {cause}",
                                    self.role, rank) from e
+            except RayError as e:  # e.g. an argument's object lost with its node: not this actor's fault
+                rank = _rank_of(ready[0], refs, self.actors, ranks)
+                raise ClusterError(f"{self.role} worker {_name(rank)}: {e.__class__.__name__}: "
+                                   f"{str(e).splitlines()[0] if str(e) else ''}", self.role, rank) from e
         return ray.get(list(refs))
 
     def kill(self) -> None:
