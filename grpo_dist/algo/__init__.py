@@ -8,9 +8,12 @@ from .kl import KL_KINDS, kl_penalty, naive_kl
 from .logprobs import entropy_from_logits, selective_log_softmax
 from .losses import AGG_MODES, aggregate, grpo_loss, policy_loss, weighted_nll_loss
 from .metrics import masked_mean, masked_sum, pass_at_k
+from .rollout_is import IS_LEVELS, IS_MODES, rollout_is_weights
 
 __all__ = [
     "AGG_MODES",
+    "IS_LEVELS",
+    "IS_MODES",
     "KL_KINDS",
     "aggregate",
     "entropy_from_logits",
@@ -24,6 +27,7 @@ __all__ = [
     "pass_at_k",
     "policy_loss",
     "rloo_advantages",
+    "rollout_is_weights",
     "selective_log_softmax",
     "softmax_weights",
     "weighted_nll_loss",

@@ -255,13 +255,17 @@ def grpo_loss(
     ratio_level: str = "token",
     global_tokens: Optional[Number] = None,
     global_seqs: Optional[Number] = None,
+    is_weights: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, Metrics]:
-    """Full GRPO loss: ``aggregate(policy_loss + beta * kl_penalty(logp, ref_logp))``.
+    """Full GRPO loss: ``aggregate(is_weights * policy_loss + beta * kl_penalty(logp, ref_logp))``.
 
     Args:
         logp, old_logp: ``[B, T]`` current / behaviour log-probs. ref_logp: ``[B, T]`` reference
             log-probs, or None when ``beta == 0``. advantages: ``[B]`` / ``[B, 1]`` / ``[B, T]``.
-        mask: ``[B, T]``. Other keywords: see :func:`policy_loss`, :func:`kl_penalty`,
+        mask: ``[B, T]``. is_weights: ``[B, T]`` / ``[B]`` / ``[B, 1]`` rollout importance
+            weights (:func:`grpo_dist.algo.rollout_is_weights`; no gradient taken through them)
+            multiplying the per-token policy loss only, not the KL term; None = 1 (bit for bit the
+            unweighted loss). Other keywords: see :func:`policy_loss`, :func:`kl_penalty`,
             :func:`aggregate`.
 
     Returns:
@@ -283,6 +287,8 @@ def grpo_loss(
         clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, ratio_level=ratio_level,
     )
     m = _bool_mask(mask, logp)
+    if is_weights is not None:
+        per_token = _zeros_where_masked(per_token * _per_row(is_weights.detach(), logp, "is_weights"), m)
     agg_kw = dict(mode=agg, max_len=max_len, global_tokens=global_tokens, global_seqs=global_seqs)
     extra: Dict[str, torch.Tensor] = {}
     kl_term = None

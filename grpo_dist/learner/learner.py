@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import torch
 
-from grpo_dist.algo import entropy_from_logits, masked_mean, selective_log_softmax
+from grpo_dist.algo import entropy_from_logits, masked_mean, rollout_is_weights, selective_log_softmax
 from grpo_dist.config import Config
 from grpo_dist.devices import learner_on_gpu
 from grpo_dist.types import TrainBatch
@@ -50,11 +50,16 @@ class Learner(WeightsIO):
         self._version = 0
         self._pad_id = 0
         self._gas = 1
-        # Source of old_logp, the ratio's denominator. "policy": logp.detach() when
-        # num_iterations == 1 (ratio 1, strictly on-policy), else recomputed once before the first
-        # update. "behaviour": the rollout engine's log-probs (batch.behaviour_logprobs), for the
-        # importance-sampling correction of stale (async) rollouts.
-        self.old_logp_source = "behaviour" if cfg.trainer.async_rollouts else "policy"
+        # Source of old_logp (pi_old), the ratio's denominator. "policy": the learner's own log-probs
+        # under the current weights before the update (the proximal policy): logp.detach() when
+        # num_iterations == 1 (ratio 1), else recomputed once, no grad, before the first update.
+        # "behaviour": the rollout engine's log-probs (batch.behaviour_logprobs), so the clipped ratio
+        # itself is the importance-sampling correction of stale (async) rollouts. With
+        # algo.rollout_is != none pi_old is always "policy" and the mismatch pi_old / pi_behaviour
+        # is corrected by separate, bounded weights on the policy loss (decoupled PPO; see
+        # grpo_dist.algo.rollout_is).
+        self.old_logp_source = ("behaviour" if cfg.trainer.async_rollouts and cfg.algo.rollout_is == "none"
+                                else "policy")
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> dict[str, Any]:
@@ -177,10 +182,17 @@ class Learner(WeightsIO):
             out += [logp[r, :n].tolist() for r, n in enumerate(mb.lengths)]
         return out
 
-    def _loss(self, logp, old_logp, ref_logp, mb: Collated, global_tokens, global_seqs):
+    def _loss(self, logp, old_logp, ref_logp, mb: Collated, global_tokens, global_seqs, is_weights=None):
         max_len = self.cfg.algo.max_len or self.cfg.rollout.max_tokens
         return compute_loss(self.cfg.algo, logp, old_logp, ref_logp, mb.advantages, mb.mask, max_len=max_len,
-                            global_tokens=global_tokens, global_seqs=global_seqs)
+                            global_tokens=global_tokens, global_seqs=global_seqs, is_weights=is_weights)
+
+    def _is_weights(self, old_logp: torch.Tensor, mb: Collated) -> tuple[torch.Tensor, dict[str, float]]:
+        """Rollout importance weights ``[B, C]`` of one micro-batch: pi_old (``old_logp``) vs the
+        rollout engine's log-probs, bounded as ``algo.rollout_is*`` says."""
+        a = self.cfg.algo
+        return rollout_is_weights(old_logp, mb.behaviour_logp, mb.mask, a.rollout_is, a.rollout_is_level,
+                                  a.rollout_is_threshold, a.rollout_is_threshold_low)
 
     def _all_reduce_sum(self, values: list[float]) -> list[float]:
         if self.world_size == 1:
@@ -202,14 +214,20 @@ class Learner(WeightsIO):
         t1 = time.perf_counter()
 
         ref = [self._logprobs_nograd(mb, reference=True) for mb in micro] if self._needs_ref() else None
+        use_is = a.rollout_is != "none"
+        if (self.old_logp_source == "behaviour" or use_is) and any(mb.behaviour_logp is None for mb in micro):
+            need = ("old_logp_source='behaviour'" if self.old_logp_source == "behaviour"
+                    else f"algo.rollout_is={a.rollout_is}")
+            raise ValueError(f"{need} needs behaviour_logprobs for every completion")
         if self.old_logp_source == "behaviour":
-            if any(mb.behaviour_logp is None for mb in micro):
-                raise ValueError("old_logp_source='behaviour' needs behaviour_logprobs for every completion")
             old = [mb.behaviour_logp for mb in micro]
         elif a.num_iterations > 1:
             old = [self._logprobs_nograd(mb) for mb in micro]
         else:
             old = None  # logp.detach() per micro-batch: ratio 1, on-policy gradient
+        # IS weights: fixed for the step (pi_old does not move between iterations); with old None they
+        # are made from the first iteration's logp.detach(), micro-batch by micro-batch
+        is_w: list = [None] * len(micro)
         t2 = time.perf_counter()
 
         acc = MetricAccumulator()
@@ -220,8 +238,11 @@ class Learner(WeightsIO):
                 logp, ent = self._forward(mb, entropy=(it == 0))
                 old_i = old[i] if old is not None else logp.detach()
                 ref_i = ref[i] if ref is not None else (old_i if a.kl_reference == "old" and a.beta > 0 else None)
-                loss, metrics = self._loss(logp, old_i, ref_i, mb, global_tokens, global_seqs)
                 tokens = float(mb.mask.sum())
+                if use_is and is_w[i] is None:
+                    is_w[i], is_metrics = self._is_weights(old_i, mb)
+                    acc.add(is_metrics, tokens)
+                loss, metrics = self._loss(logp, old_i, ref_i, mb, global_tokens, global_seqs, is_w[i])
                 acc.add(metrics, tokens)
                 if it == 0:
                     self._diagnostics(acc, logp.detach(), ent, mb)

@@ -11,7 +11,8 @@ from grpo_dist.algo import aggregate, grpo_loss, kl_penalty, masked_mean, weight
 
 def compute_loss(algo, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: Optional[torch.Tensor],
                  advantages: torch.Tensor, mask: torch.Tensor, *, max_len: int,
-                 global_tokens=None, global_seqs=None) -> tuple[torch.Tensor, dict[str, float]]:
+                 global_tokens=None, global_seqs=None,
+                 is_weights: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, dict[str, float]]:
     """``(scalar loss, metrics)`` for one micro-batch.
 
     Args:
@@ -19,7 +20,9 @@ def compute_loss(algo, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: Opt
         ref_logp: ``[B, C]`` KL target (the reference, or old_logp for ``kl_reference="old"``) or None
             (no KL term). advantages: ``[B]`` (weights for ``weighted_nll``). mask: ``[B, C]``.
         max_len: Dr. GRPO normaliser. global_tokens / global_seqs: whole-batch counts over all
-            micro-batches and ranks (see ``grpo_dist.algo.aggregate``).
+            micro-batches and ranks (see ``grpo_dist.algo.aggregate``). is_weights: ``[B, C]`` rollout
+            importance weights (``grpo_dist.algo.rollout_is_weights``) on the per-token policy loss, not
+            on the KL term; None = no weighting (``algo.rollout_is: none``, bit for bit today's loss).
 
     ``loss == "clip"``: ``grpo_loss``. ``loss == "weighted_nll"``: seed 002's ``-w_i * logp`` per
     token, plus ``beta * kl_penalty`` when a KL target is given, aggregated with ``algo.agg``.
@@ -29,9 +32,11 @@ def compute_loss(algo, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: Opt
     if algo.loss == "clip":
         return grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta=beta, clip_low=algo.clip_low,
                          clip_high=algo.clip_high, dual_clip=algo.dual_clip, kl_kind=algo.kl_kind,
-                         agg=algo.agg, ratio_level=algo.ratio_level, **agg)
+                         agg=algo.agg, ratio_level=algo.ratio_level, is_weights=is_weights, **agg)
     per_token, metrics = weighted_nll_loss(logp, advantages, mask)
     m = mask.bool()
+    if is_weights is not None:
+        per_token = torch.where(m, per_token * is_weights.detach(), torch.zeros((), dtype=per_token.dtype))
     total, kl_term = per_token, None
     if ref_logp is not None:
         kl = torch.where(m, kl_penalty(logp, ref_logp, algo.kl_kind), torch.zeros((), dtype=logp.dtype))

@@ -27,9 +27,10 @@ import torch
 SUM_KEYS = ("loss", "loss_policy", "loss_kl")
 # Per-token diagnostics: averaged over micro-batches and ranks weighted by their token counts.
 MEAN_KEYS = ("kl_mean", "clip_frac_low", "clip_frac_high", "clip_frac", "dual_clip_frac", "ratio_mean",
-             "entropy", "logprob_diff_behaviour_mean", "nll_token_mean")
+             "entropy", "logprob_diff_behaviour_mean", "nll_token_mean",
+             "is_weight_mean", "is_clipped_frac", "is_masked_frac")
 # Extremes over all micro-batches and ranks (``ratio_min`` is stored negated and reduced with MAX).
-MAX_KEYS = ("ratio_max", "ratio_min", "logprob_diff_behaviour_max")
+MAX_KEYS = ("ratio_max", "ratio_min", "logprob_diff_behaviour_max", "is_weight_max", "is_ratio_max")
 # Output names (``train/<name>``) where they differ from the algo metric names.
 RENAME = {"kl_mean": "kl"}
 
