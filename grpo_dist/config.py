@@ -172,6 +172,19 @@ class AlgoConfig(Section):
                                    "(0 = never; TRL sync_ref_model). Needs beta > 0 and kl_reference: ref.")
     ref_refresh_mix: float = Field(1.0, gt=0, le=1, description="Weight of the policy in a refresh: "
                                    "ref <- mix * policy + (1 - mix) * ref (1 = copy the policy).")
+    rollout_is: Literal["none", "truncate", "mask"] = Field("none", description="Importance-sampling correction "
+                                                            "of the rollout engine vs learner mismatch (stale async "
+                                                            "samples, engine numerics): weight w = pi_old/pi_behaviour "
+                                                            "on the policy loss; truncate = min(w, threshold) (TIS), "
+                                                            "mask = drop tokens/sequences with w outside [low, "
+                                                            "threshold]; none = no weight (pi_old = the behaviour "
+                                                            "log-probs in async mode).")
+    rollout_is_level: Literal["token", "sequence"] = Field("token", description="Importance weight per token, or "
+                                                           "per sequence (product of the token ratios).")
+    rollout_is_threshold: float = Field(2.0, ge=1, description="Upper bound C of the importance weight: truncate "
+                                        "caps at it, mask drops ratios above it.")
+    rollout_is_threshold_low: Optional[float] = Field(None, gt=0, le=1, description="mask only: drop ratios below "
+                                                      "it (default 1 / rollout_is_threshold).")
 
     @model_validator(mode="before")
     @classmethod
@@ -182,6 +195,13 @@ class AlgoConfig(Section):
             except ValueError as e:
                 raise _KeyError("algo.preset", str(e)) from None
         return data
+
+    @model_validator(mode="after")
+    def _rollout_is(self) -> "AlgoConfig":
+        if self.rollout_is_threshold_low is not None and self.rollout_is != "mask":
+            raise _KeyError("algo.rollout_is_threshold_low", f"is the lower bound of rollout_is: mask (rollout_is "
+                            f"is {self.rollout_is}); leave it unset")
+        return self
 
 
 class LearnerConfig(Section):
@@ -338,6 +358,9 @@ class Config(Section):
                              f"({self.learner.num_learners})")
         if not self.reward.functions:
             raise _KeyError("reward.functions", "at least one reward function is needed")
+        if a.rollout_is != "none" and (self.rollout.top_p < 1.0 or self.rollout.top_k > 0):
+            raise _KeyError("algo.rollout_is", "needs the engine's log-probs of the full distribution; top_p < 1 / "
+                             "top_k > 0 renormalise them (use top_p 1, top_k -1)")
         if max(self.eval.pass_k) > self.eval.samples_per_prompt:
             raise _KeyError("eval.pass_k", f"k={max(self.eval.pass_k)} exceeds eval.samples_per_prompt "
                              f"{self.eval.samples_per_prompt}")
