@@ -72,6 +72,22 @@ def build_batch(groups: list[RolloutGroup], scores: RewardResult, group_size: in
     return batch, metrics
 
 
+def staleness_metrics(versions: list[int], learner_version: int, max_staleness: int) -> dict[str, float]:
+    """How many adapter versions each sample is behind the learner that trains on it: the mean
+    (``rollout/staleness``, ``rollout/staleness_mean``), the max and a count per value
+    (``rollout/staleness_count/<s>``). Raises ValueError past ``max_staleness`` or for a sample
+    newer than the learner (a bookkeeping bug either way)."""
+    stale = [learner_version - v for v in versions]
+    if stale and (max(stale) > max_staleness or min(stale) < 0):
+        raise ValueError(f"samples of adapter versions {sorted(set(versions))} for learner version {learner_version}: "
+                         f"staleness must lie in [0, {max_staleness}] (trainer.max_staleness)")
+    mean = sum(stale) / max(1, len(stale))
+    m = {"rollout/staleness": mean, "rollout/staleness_mean": mean, "rollout/staleness_max": float(max(stale, default=0))}
+    for s in sorted(set(stale)):
+        m[f"rollout/staleness_count/{s}"] = float(stale.count(s))
+    return m
+
+
 def rollout_metrics(rollouts, rewards: list[float], scores: RewardResult, group_size: int) -> dict[str, float]:
     stats = group_reward_stats(torch.tensor(rewards, dtype=torch.float64), group_size)
     lengths = [len(r.completion_ids) for r in rollouts]

@@ -288,8 +288,16 @@ class TrainerConfig(Section):
                                   "run's directory under cluster.shared_dir.")
     eval_every: int = Field(0, ge=0, description="Evaluate every k steps (0 = only before and after).")
     eval_before_after: bool = Field(True, description="Evaluate held-out accuracy before and after training.")
-    async_rollouts: bool = Field(False, description="Generate the next batch while the learner trains on this one "
-                                 "(one version stale; the ratio uses the rollout engine's log-probs as pi_old).")
+    max_staleness: int = Field(0, ge=0, description="Bounded-staleness pipeline: how many adapter versions older "
+                               "than the learner a training sample may be. 0 = strictly on-policy (generate, then "
+                               "learn); k >= 1 = generation runs k / algo.num_iterations steps ahead of the learner "
+                               "and the ratio uses the rollout engine's log-probs as pi_old. A multiple of "
+                               "algo.num_iterations (each step adds that many versions).")
+    async_rollouts: bool = Field(False, description="Alias of max_staleness = algo.num_iterations (one step ahead); "
+                                 "set to true by the config whenever max_staleness >= 1.")
+    dispatch_chunk: int = Field(0, ge=0, description="Prompts per generation request to one rollout engine; each "
+                                "chunk goes to the engine with the fewest outstanding prompts. 0 = one chunk per "
+                                "engine and batch (vLLM batches a whole chunk at once).")
 
 
 class EvalConfig(Section):
@@ -339,9 +347,18 @@ class Config(Section):
         if a.ref_refresh_every and not (a.beta > 0 and a.kl_reference == "ref"):
             raise _KeyError("algo.ref_refresh_every", "refreshes the KL reference, but there is none "
                              f"(algo.beta={a.beta:g}, algo.kl_reference={a.kl_reference}); set beta > 0 and kl_reference: ref")
-        if self.trainer.async_rollouts and (self.rollout.top_p < 1.0 or self.rollout.top_k > 0):
-            raise _KeyError("trainer.async_rollouts", "needs the engine's log-probs of the full distribution for "
-                             "the importance ratio; top_p < 1 / top_k > 0 renormalise them (use top_p 1, top_k -1)")
+        t, n_iter = self.trainer, self.algo.num_iterations
+        if t.async_rollouts and t.max_staleness == 0:  # the alias: one step ahead
+            t.max_staleness = n_iter
+        if t.max_staleness % n_iter:
+            raise _KeyError("trainer.max_staleness", f"{t.max_staleness} is not a multiple of algo.num_iterations "
+                             f"{n_iter} (each step adds {n_iter} adapter versions; the pipeline runs whole steps ahead)")
+        if t.max_staleness and not t.async_rollouts:  # the learner reads it: pi_old = behaviour log-probs
+            t.async_rollouts = True
+        if t.max_staleness and (self.rollout.top_p < 1.0 or self.rollout.top_k > 0):
+            raise _KeyError("trainer.max_staleness", "(or trainer.async_rollouts) needs the engine's log-probs of "
+                             "the full distribution for the importance ratio; top_p < 1 / top_k > 0 renormalise "
+                             "them (use top_p 1, top_k -1)")
         c = self.cluster
         if self.sync.transport == "filesystem" and not c.shared_dir:
             raise _KeyError("sync.transport", "filesystem needs cluster.shared_dir (a directory every node "
@@ -349,9 +366,10 @@ class Config(Section):
         if c.shared_dir and not self.lora.enabled and not _inside(self.output_dir, c.shared_dir):
             raise _KeyError("output_dir", f"full-weight training with cluster.shared_dir writes checkpoints from "
                              f"the learner nodes: output_dir must be inside {c.shared_dir}")
-        if c.layout == "colocated" and c.rollout_gpus > 0 and self.trainer.async_rollouts:
-            raise _KeyError("trainer.async_rollouts", "colocated on GPU, the engines sleep while the learner "
-                             "trains: nothing can generate during the update (use layout: disaggregated)")
+        if c.layout == "colocated" and c.rollout_gpus > 0 and self.trainer.max_staleness:
+            raise _KeyError("trainer.max_staleness", "(or trainer.async_rollouts): colocated on GPU, the engines "
+                             "sleep while the learner trains: nothing can generate during the update (use layout: "
+                             "disaggregated, or max_staleness 0)")
         if c.layout == "colocated" and self.rollout.num_workers != self.learner.num_learners:
             raise _KeyError("cluster.layout", f"colocated puts rollout engine i with learner rank i: "
                              f"rollout.num_workers ({self.rollout.num_workers}) must equal learner.num_learners "

@@ -1,8 +1,9 @@
 """The driver: generate -> score -> advantages -> learn -> sync.
 
-Strictly on-policy by default. With ``trainer.async_rollouts`` the next batch is generated (with
-the weights of version v) while the learner makes version v+1 from this one: rollouts are one
-version stale and the learner takes the rollout engine's log-probs as pi_old in the ratio.
+Strictly on-policy by default. With ``trainer.max_staleness`` k >= 1 the batches of the next
+steps are generated (with the weights of their start) while the learner trains on this one: no
+sample is more than k versions older than the learner, which takes the rollout engine's
+log-probs as pi_old in the ratio (``grpo_dist.pipeline``; ``async_rollouts`` = one step ahead).
 
 Reads like the algorithm; everything else lives in ``batch`` (pure shaping/advantages),
 ``cluster`` (Ray), ``evaluation``, ``checkpoint`` and ``monitor``.
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_dist import checkpoint, preflight
-from grpo_dist.batch import SAMPLE_COLUMNS, build_batch, sample_rows, zero_spread
+from grpo_dist.batch import SAMPLE_COLUMNS, build_batch, sample_rows, staleness_metrics, zero_spread
 from grpo_dist.cluster import dispatch
 from grpo_dist.cluster.actors import Workers, start_workers
 from grpo_dist.cluster.recovery import Recovery
@@ -25,6 +26,7 @@ from grpo_dist.cluster.shared_dir import check_storage
 from grpo_dist.outputs import resolve_outputs, resume_hint, write_summary
 from grpo_dist.config import Config
 from grpo_dist.data import PromptStream
+from grpo_dist.pipeline import RolloutPipeline
 from grpo_dist.rollout.worker import sleeps_while_learning
 from grpo_dist.evaluation import eval_metrics, evaluate
 from grpo_dist.monitor import Monitor, StepTimer, non_finite
@@ -50,9 +52,8 @@ class Trainer:
         self.step = 0
         self.history: list[dict[str, float]] = []  # per-step metrics since step 1 (kept across resume)
         self._before: dict | None = None  # evaluation before training (kept across resume)
-        self.version = 0  # adapter version the rollout workers hold
-        self._prefetched: list | None = None  # async: groups generated during the last learn
-        self._prefetch_data: dict | None = None  # async: the stream position before them
+        self.version = 0  # the learner's adapter version, loaded (or queued) on every rollout worker
+        self.depth = cfg.trainer.max_staleness // cfg.algo.num_iterations  # steps generation runs ahead
         self.reward_watch = FailureWatch(cfg.reward)  # stops a run whose reward function keeps failing
 
     # ---------------------------------------------------------------- set-up
@@ -66,6 +67,8 @@ class Trainer:
         self.monitor = self.monitor or make_monitor(cfg)
         self.workers, info = start_workers(cfg)
         self.recovery = Recovery(cfg, self.workers, lambda: self._export() if self.version > 0 else None)
+        self.pipeline = RolloutPipeline(self.workers.rollout, self.recovery, cfg.rollout.generate_timeout_s,
+                                        chunk=cfg.trainer.dispatch_chunk)
         if cfg.checkpoint.resume:
             self.step, run_state, path = checkpoint.restore(cfg, self.workers, self.stream)
             if path is not None:
@@ -77,8 +80,8 @@ class Trainer:
 
     # ---------------------------------------------------------------- one step
     def collect(self, t: "StepTimer") -> tuple[list, RewardResult, dict[str, float]]:
-        """Generate (or take the prefetched groups) and score; with dynamic sampling, drop
-        zero-spread groups and refill (bounded)."""
+        """Generate (or take the batch generated ahead for this step) and score; with dynamic
+        sampling, drop zero-spread groups and refill (bounded)."""
         cfg, w, G = self.cfg, self.workers, self.cfg.rollout.group_size
         want = cfg.rollout.prompts_per_step
         kept: list = []
@@ -87,11 +90,13 @@ class Trainer:
         errors: dict[str, int] = {}
         rounds = seen = 0
         while True:
-            if self._prefetched is not None:
-                groups, self._prefetched, self._prefetch_data = self._prefetched, None, None
+            ahead = self.pipeline.take(self.step + 1) if rounds == 0 else None
+            if ahead is not None:
+                with t("generate_wait"):  # what the learner's update did not hide
+                    groups = self.pipeline.collect(ahead)
             else:
                 with t("generate"):
-                    groups = self._generate(*self._draw(want - len(kept), self.step + 1))
+                    groups = self.pipeline.generate(self.step + 1, *self._draw(want - len(kept), self.step + 1))
             with t("score"):
                 scores = self.recovery.run(dispatch.score, w.reward, groups)
             seen += len(groups)
@@ -116,7 +121,7 @@ class Trainer:
         return kept, merged, m
 
     def sync(self) -> dict[str, float]:
-        """Learner rank 0 exports version v+1; every rollout worker loads it."""
+        """Learner rank 0 exports version v+1; every rollout worker loads it (and this waits)."""
         w = self.workers
         update = self._export()
         # a worker that died since generating is replaced (and given this update) and the load re-issued
@@ -139,8 +144,11 @@ class Trainer:
         self.trained_prompt_ids.extend(g.prompt_id for g in groups)
         batch, rollout_m = build_batch(groups, scores, cfg.rollout.group_size, cfg.algo, cfg.rollout.max_tokens)
         m.update(rollout_m)
-        m["rollout/staleness"] = sum(self.version - v for v in batch.adapter_versions) / max(1, len(batch))
-        pending = self._prefetch() if cfg.trainer.async_rollouts and self.step + 1 < cfg.trainer.steps else None
+        try:  # every sample at most max_staleness versions behind the learner that trains on it
+            m.update(staleness_metrics(batch.adapter_versions, self.version, cfg.trainer.max_staleness))
+        except ValueError as e:
+            raise TrainingError(f"step {self.step + 1}: {e}") from None
+        self._submit_ahead()  # the next steps' batches generate (current weights) while the learner trains
         if self._sleeps:  # colocated on GPU: engines free their memory; the sync wakes them
             with t("rollout_sleep"):
                 w.rollout.get(w.rollout.call("sleep"))
@@ -153,11 +161,8 @@ class Trainer:
         if every and (self.step + 1) % every == 0:  # the KL reference <- mix of policy and reference
             with t("ref_refresh"):
                 m.update(w.learner.get(w.learner.call("refresh_reference"))[0])
-        if pending is not None:  # the generation that overlapped the update: wait for it, then sync
-            with t("generate_wait"):
-                self._prefetched = self._collect_prefetch(*pending)
         with t("sync"):
-            sync_m = self.sync()
+            sync_m = self.sync() if self.depth == 0 else self._sync_ahead(int(stats[0]["train/version"]))
         m.update(sync_m)
         m.update(t.metrics())
         m["cluster/restarts"] = float(self.recovery.restarts)
@@ -167,18 +172,24 @@ class Trainer:
         self._last_samples, self.last_batch = (groups, scores), batch
         return m
 
-    def _prefetch(self) -> tuple[list, list]:
-        """Start generating the next step's prompts with the current weights."""
-        self._prefetch_data = self.stream.state_dict()
-        records, keys = self._draw(self.cfg.rollout.prompts_per_step, self.step + 2)
-        return records, keys, dispatch.submit_generate(self.workers.rollout, records, keys=keys)
+    def _submit_ahead(self) -> None:
+        """Queue the batches of steps up to ``step + 1 + depth`` (not past the last step)."""
+        q, last = self.pipeline.queue, min(self.cfg.trainer.steps, self.step + 1 + self.depth)
+        nxt = q[-1].step + 1 if q else self.step + 2
+        for s in range(nxt, last + 1):
+            before = self.stream.state_dict()
+            self.pipeline.submit(s, *self._draw(self.cfg.rollout.prompts_per_step, s), data_before=before)
 
-    def _collect_prefetch(self, records: list, keys: list, pending: list) -> list:
-        try:
-            return dispatch.collect_generate(self.workers.rollout, pending, self.cfg.rollout.generate_timeout_s)
-        except ClusterError as e:  # a rollout actor died or hung mid-generation: replace it, generate again
-            self.recovery.handle(e)
-            return self._generate(records, keys)
+    def _sync_ahead(self, version: int) -> dict[str, float]:
+        """Pipelined sync: the engines load ``version`` after the generations queued on them (not
+        awaited: the batches submitted from now on use it); reports the loads answered so far."""
+        self.pipeline.load(self._export(), version)
+        self.version = version
+        done = self.pipeline.settle_loads()
+        m = {"sync/version": float(version)}
+        if done:
+            m.update({"sync/bytes": float(done[-1]["bytes"]), "sync/seconds": max(r["seconds"] for r in done)})
+        return m
 
     def _draw(self, n: int, step: int) -> tuple[list, list]:
         """The next ``n`` prompts for (1-based) ``step`` and their sampling-seed keys (trainer
@@ -188,13 +199,9 @@ class Trainer:
         start = s["epoch"] * s["num_records"] + s["index"]
         return self.stream.next_batch(n), [(self.cfg.trainer.seed, step, start + i) for i in range(n)]
 
-    def _generate(self, records: list, keys: list) -> list:
-        return self.recovery.run(dispatch.generate, self.workers.rollout, records,
-                                 timeout=self.cfg.rollout.generate_timeout_s, keys=keys)
-
     def _data_state(self) -> dict:
-        """Where a resumed run continues: before prompts generated but not yet trained on."""
-        return self._prefetch_data if self._prefetch_data is not None else self.stream.state_dict()
+        """Where a resumed run continues: before every prompt generated but not yet trained on."""
+        return self.pipeline.data_before() or self.stream.state_dict()
 
     def _check_finite(self, metrics: dict[str, float], where: str) -> None:
         bad = non_finite(metrics)
@@ -214,6 +221,7 @@ class Trainer:
         metrics: dict[str, float] = {}
         try:
             metrics = self._loop()
+            self.pipeline.settle_loads(block=True)  # every engine at the final version
             after = self.evaluate() if before is not None else None
             self._save(self._data_state())
             adapter_dir = checkpoint.save_final(cfg, self.workers.learner, self.out / "adapter")

@@ -83,7 +83,10 @@ def test_overrides_parse_yaml_values():
     (["--algo.kl_kind", "k9"], "algo.kl_kind", "k3"),
     (["--algo.ref_refresh_every", "5", "--algo.beta", "0"], "algo.ref_refresh_every", "beta > 0"),
     (["--algo.ref_refresh_every", "5", "--algo.preset", "dapo"], "algo.ref_refresh_every", "there is none"),
-    (["--trainer.async_rollouts", "true", "--rollout.top_p", "0.9"], "trainer.async_rollouts", "top_p"),
+    (["--trainer.async_rollouts", "true", "--rollout.top_p", "0.9"], "trainer.max_staleness", "top_p"),
+    (["--trainer.max_staleness", "2", "--rollout.top_k", "5"], "trainer.max_staleness", "top_k > 0"),
+    (["--trainer.max_staleness", "1", "--algo.num_iterations", "2"], "trainer.max_staleness", "not a multiple"),
+    (["--trainer.max_staleness", "-1"], "trainer.max_staleness", "greater than or equal to 0"),
     (["--algo.ref_refresh_mix", "0"], "algo.ref_refresh_mix", "greater than 0"),
     (["--algo.ref_refresh_mix", "1.5"], "algo.ref_refresh_mix", "less than or equal to 1"),
 ])
@@ -117,3 +120,14 @@ def test_every_preset_validates(name):
     cfg = load_config(None, ["--algo.preset", name])
     for k, v in PRESETS[name].items():
         assert getattr(cfg.algo, k) == v
+
+
+def test_async_rollouts_is_max_staleness_one_step_ahead():
+    c = load_config(ROOT / "configs/tiny_cpu.yaml", ["--trainer.async_rollouts", "true"])
+    assert c.trainer.max_staleness == 1 and c.trainer.async_rollouts
+    c = load_config(ROOT / "configs/tiny_cpu.yaml", ["--trainer.async_rollouts", "true", "--algo.num_iterations", "2"])
+    assert c.trainer.max_staleness == 2  # one step = num_iterations adapter versions
+    c = load_config(ROOT / "configs/tiny_cpu.yaml", ["--trainer.max_staleness", "2"])
+    assert c.trainer.async_rollouts  # the learner takes the behaviour log-probs as pi_old
+    c = load_config(ROOT / "configs/tiny_cpu.yaml")
+    assert c.trainer.max_staleness == 0 and not c.trainer.async_rollouts

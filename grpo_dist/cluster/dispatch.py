@@ -1,4 +1,8 @@
-"""Sharding work over actor groups and merging the results back in order."""
+"""Sharding work over actor groups and merging the results back in order.
+
+Training generation goes through ``grpo_dist.pipeline`` (chunks to the least-loaded engine,
+:func:`chunk_bounds` / :func:`assign_chunks` / :func:`merge_in_order`); evaluation uses the
+static shards of :func:`generate`."""
 
 from __future__ import annotations
 
@@ -13,6 +17,34 @@ def split(items: list[Any], parts: int) -> list[list[Any]]:
     some shards are empty (not only the last ones); the callers send nothing to those ranks."""
     n = len(items)
     return [items[n * i // parts: n * (i + 1) // parts] for i in range(parts)]
+
+
+def chunk_bounds(n: int, engines: int, chunk: int = 0) -> list[tuple[int, int]]:
+    """Contiguous ``(lo, hi)`` prompt ranges of one batch: ``chunk`` prompts each (the last one
+    shorter), or with ``chunk == 0`` one range per engine as :func:`split` cuts them. Never empty."""
+    if chunk <= 0:
+        bounds = [(n * i // engines, n * (i + 1) // engines) for i in range(engines)]
+    else:
+        bounds = [(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]
+    return [(lo, hi) for lo, hi in bounds if hi > lo]
+
+
+def assign_chunks(sizes: list[int], outstanding: list[int]) -> list[int]:
+    """The engine of each chunk, in order: the one with the fewest outstanding prompts (ties: the
+    lowest rank), counting the chunks assigned before it. A slow engine, still busy with earlier
+    work, gets less. ``outstanding`` is not modified."""
+    load = list(outstanding)
+    ranks = []
+    for size in sizes:
+        r = min(range(len(load)), key=lambda i: (load[i], i))
+        ranks.append(r)
+        load[r] += size
+    return ranks
+
+
+def merge_in_order(parts: list[tuple[int, list[Any]]]) -> list[Any]:
+    """Chunk results ``(lo, groups)`` from whichever engines ran them, back in prompt order."""
+    return [g for _, part in sorted(parts, key=lambda x: x[0]) for g in part]
 
 
 def submit_generate(rollout: ActorGroup, records: list[Any], **kwargs) -> list[tuple[int, Any]]:

@@ -1,0 +1,160 @@
+"""The rollout pipeline on the driver: generation up to ``depth`` steps ahead of the learner.
+
+``trainer.max_staleness`` k (adapter versions) gives ``depth = k / algo.num_iterations`` trainer
+steps of look-ahead. The trainer submits the batches for steps t+1..t+depth before the learner
+trains on step t; each is a queue entry (:class:`Pending`) whose prompts went to the rollout
+engines in chunks, every chunk to the engine with the fewest outstanding prompts.
+
+Versions need no locks: a Ray actor runs its calls in order, so a chunk submitted before the
+``load_update`` of version v runs with the weights before v and one submitted after it runs
+with v. With depth >= 1 the weight sync is therefore *not* awaited (:meth:`load`): the engine
+loads v after the chunks already queued on it, and the driver settles the load's answer later.
+A sample's version is the one its engine really held (``Rollout.adapter_version``); the trainer
+checks that none is more than k behind the learner.
+
+A chunk whose engine died or hung is sent again, with the same prompts and seed keys, once the
+engine is replaced (``cluster/recovery.py``): same completions whichever engine runs it, only a
+newer (never older) adapter version. The resume point while batches are pending is the stream
+position before the oldest of them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from grpo_dist.cluster import dispatch
+from grpo_dist.cluster.ray_utils import ActorGroup, ClusterError
+from grpo_dist.types import RolloutGroup
+
+
+@dataclass
+class Chunk:
+    lo: int  # prompt range [lo, hi) of its batch
+    hi: int
+    rank: int  # the rollout engine it was sent to ...
+    actor: Any  # ... and that engine's handle then (a replaced engine has a new one)
+    ref: Any
+    done: bool = False
+
+
+@dataclass
+class Pending:
+    """One batch of prompts submitted for trainer step ``step`` (1-based)."""
+
+    step: int
+    records: list
+    keys: list
+    data_before: dict | None  # the prompt stream's position before these prompts
+    chunks: list[Chunk] = field(default_factory=list)
+
+
+@dataclass
+class Load:
+    rank: int
+    actor: Any
+    ref: Any
+    version: int
+
+
+class RolloutPipeline:
+    def __init__(self, rollout: ActorGroup, recovery, timeout: float | None, chunk: int = 0):
+        self.rollout, self.recovery, self.timeout, self.chunk = rollout, recovery, timeout, chunk
+        self.queue: deque[Pending] = deque()  # batches submitted ahead, in step order
+        self.loads: list[Load] = []  # weight loads submitted and not yet answered
+        self._live: list[Chunk] = []  # chunks whose completion the driver has not seen
+
+    # -- generation ------------------------------------------------------------------------
+    def outstanding(self) -> list[int]:
+        """Prompts submitted to each engine whose chunk has not finished (polled, no waiting)."""
+        self._live = [c for c in self._live if not c.done]
+        if self._live:
+            ready, _ = ray.wait([c.ref for c in self._live], num_returns=len(self._live), timeout=0)
+            ids = {r.hex() for r in ready}
+            for c in self._live:
+                c.done = c.ref.hex() in ids
+        counts = [0] * len(self.rollout)
+        for c in self._live:
+            if not c.done and c.rank < len(counts):
+                counts[c.rank] += c.hi - c.lo
+        return counts
+
+    def submit(self, step: int, records: list, keys: list, data_before: dict | None = None,
+               queue: bool = True) -> Pending:
+        """Send a batch's prompts to the engines (chunks to the least-loaded engine first)."""
+        p = Pending(step, records, keys, data_before)
+        bounds = dispatch.chunk_bounds(len(records), len(self.rollout), self.chunk)
+        ranks = dispatch.assign_chunks([hi - lo for lo, hi in bounds], self.outstanding())
+        p.chunks = [self._send(p, lo, hi, r) for (lo, hi), r in zip(bounds, ranks)]
+        if queue:
+            self.queue.append(p)
+        return p
+
+    def _send(self, p: Pending, lo: int, hi: int, rank: int) -> Chunk:
+        actor = self.rollout.actors[rank]
+        c = Chunk(lo, hi, rank, actor, actor.generate.remote(p.records[lo:hi], keys=p.keys[lo:hi]))
+        self._live.append(c)
+        return c
+
+    def take(self, step: int) -> Pending | None:
+        """The batch submitted ahead for ``step``, if any (removed from the queue)."""
+        if self.queue and self.queue[0].step == step:
+            return self.queue.popleft()
+        return None
+
+    def collect(self, p: Pending) -> list[RolloutGroup]:
+        """Wait for a batch's chunks; groups in prompt order. A dead or hung engine is replaced
+        and its chunks (of this batch; other batches' when they are collected) sent again."""
+        while True:
+            for i, c in enumerate(p.chunks):
+                if c.actor is not self.rollout.actors[c.rank]:  # its engine was replaced meanwhile
+                    c.done = True
+                    rank = dispatch.assign_chunks([c.hi - c.lo], self.outstanding())[0]
+                    p.chunks[i] = self._send(p, c.lo, c.hi, rank)
+            try:
+                parts = self.rollout.get([c.ref for c in p.chunks], timeout=self.timeout,
+                                         ranks=[c.rank for c in p.chunks])
+            except ClusterError as e:
+                self.recovery.handle(e)  # replaces the engine (with the current weights) or re-raises
+                continue
+            for c in p.chunks:
+                c.done = True
+            return dispatch.merge_in_order([(c.lo, part) for c, part in zip(p.chunks, parts)])
+
+    def generate(self, step: int, records: list, keys: list) -> list[RolloutGroup]:
+        """Generate now (not queued) and wait: the on-policy path and dynamic-sampling refills."""
+        return self.collect(self.submit(step, records, keys, queue=False))
+
+    def data_before(self) -> dict | None:
+        """The stream position before every prompt submitted and not yet trained on (None: none)."""
+        return self.queue[0].data_before if self.queue else None
+
+    # -- weight sync -----------------------------------------------------------------------
+    def load(self, update: Any, version: int) -> None:
+        """Every engine loads ``version`` after the chunks already queued on it; not awaited."""
+        self.loads += [Load(r, a, a.load_update.remote(update), version) for r, a in enumerate(self.rollout.actors)]
+
+    def settle_loads(self, block: bool = False) -> list[dict]:
+        """Answers of the submitted loads that are in (all of them with ``block``). A load sent to
+        an engine replaced since is dropped: the replacement was given the learner's newest weights."""
+        done: list[dict] = []
+        for ld in list(self.loads):
+            if ld.actor is not self.rollout.actors[ld.rank]:
+                self.loads.remove(ld)
+                continue
+            if not block and not ray.wait([ld.ref], timeout=0)[0]:
+                continue
+            self.loads.remove(ld)
+            try:
+                r = self.rollout.get([ld.ref], ranks=[ld.rank])[0]
+            except ClusterError as e:
+                self.recovery.handle(e)
+                continue
+            if r["version"] != ld.version:
+                raise ClusterError(f"rollout worker {ld.rank} loaded version {r['version']}, expected {ld.version}",
+                                   "rollout", ld.rank)
+            done.append(r)
+        return done
