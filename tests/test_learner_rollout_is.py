@@ -94,6 +94,28 @@ def test_weighted_loss_equals_algo_with_the_weights(learner, mode, level, thresh
         set_is(learner, "none")
 
 
+def test_weighted_nll_loss_is_weighted_too(learner):
+    from grpo_dist.algo import aggregate, kl_penalty, weighted_nll_loss
+
+    set_is(learner, "truncate", "token", 1.5)
+    learner.cfg.algo.loss = "weighted_nll"
+    try:
+        batch = random_batch(8, seed=25)
+        batch.behaviour_logprobs = behaviour_of(learner, batch, noise=0.6, seed=3)
+        t = loss_inputs(learner, batch)
+        logp, mask, a = t["logp"].double(), t["mask"], learner.cfg.algo
+        w, _ = rollout_is_weights(logp, padded(batch.behaviour_logprobs, t["logp"]).double(), mask,
+                                  "truncate", "token", 1.5)
+        per_token, _ = weighted_nll_loss(logp, t["advantages"].double(), mask)
+        kl = torch.where(mask.bool(), kl_penalty(logp, t["ref_logp"].double(), a.kl_kind), 0.0)
+        want = aggregate(w * per_token + a.beta * kl, mask, a.agg)
+        m = learner.train_step(batch)
+        assert m["train/loss"] == pytest.approx(float(want), abs=2e-6, rel=1e-5)
+    finally:
+        learner.cfg.algo.loss = "clip"
+        set_is(learner, "none")
+
+
 def test_two_iterations_use_the_recomputed_pi_old(learner):
     """num_iterations 2: pi_old is one no-grad pass before the first update; the weights stay fixed
     for both updates, so the IS metrics are those of that pass."""
