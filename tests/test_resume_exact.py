@@ -46,7 +46,10 @@ def same(a: dict, b: dict) -> list[str]:
 
 @pytest.mark.timeout(900)
 def test_sigkilled_driver_resumes_exactly(pretrained_model_dir, tmp_path):
-    env = dict(os.environ, WANDB_MODE="offline")
+    # as from a user's shell: not attached to a W&B service that this pytest process may have
+    # started (WANDB_SERVICE is inherited; the killed driver's run would stay "in use" there)
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    env["WANDB_MODE"] = "offline"
     whole = tmp_path / "whole"
     subprocess.run(args(pretrained_model_dir, whole), env=env, check=True, capture_output=True, timeout=600)
 
