@@ -23,7 +23,7 @@ from grpo_dist.cluster.actors import Workers, start_workers
 from grpo_dist.cluster.recovery import Recovery
 from grpo_dist.cluster.ray_utils import ClusterError, init_ray
 from grpo_dist.cluster.shared_dir import check_storage
-from grpo_dist.outputs import resolve_outputs, resume_hint, write_summary
+from grpo_dist.outputs import resolve_outputs, resume_command, resume_hint, write_summary
 from grpo_dist.config import Config
 from grpo_dist.data import PromptStream
 from grpo_dist.pipeline import RolloutPipeline
@@ -206,8 +206,8 @@ class Trainer:
     def _check_finite(self, metrics: dict[str, float], where: str) -> None:
         bad = non_finite(metrics)
         if bad:
-            raise TrainingError(f"step {self.step + 1}: non-finite metrics from {where}: {bad}; stopping "
-                                f"(last good checkpoint in {self.cfg.checkpoint_dir})")
+            raise TrainingError(f"step {self.step + 1}: non-finite metrics from {where}: {bad}; stopping: "
+                                f"{resume_hint(self.cfg)}")
 
     # ---------------------------------------------------------------- the run
     def run(self) -> dict[str, Any]:
@@ -242,7 +242,7 @@ class Trainer:
             except RewardFailureError as e:  # checkpoint what was learned so far, then stop
                 path = self._save(start)
                 raise TrainingError(f"step {self.step + 1}: {e}; stopped with a checkpoint of step {self.step} in "
-                                    f"{path} (fix the function, then continue with --checkpoint.resume auto)\n"
+                                    f"{path}; fix the function, then resume with: {resume_command(cfg)}\n"
                                     f"{e.details()}") from None
             self.step += 1
             if cfg.trainer.eval_every and self.step % cfg.trainer.eval_every == 0 and self.eval_records:
