@@ -41,3 +41,28 @@ def learner_on_gpu(cfg: Config) -> bool:
         raise RuntimeError(f"cluster.learner_gpus={cfg.cluster.learner_gpus:g} but this learner process sees no "
                            "CUDA device (torch.cuda.is_available() is False)")
     return True
+
+
+def adapter_mode(cfg: Config) -> tuple[str, str]:
+    """How rollout engines serve LoRA versions (``rollout.adapter_mode``) and why: ``lora``,
+    ``merged`` or ``full`` (``lora.enabled: false``: every weight is trained and reloaded)."""
+    if not cfg.lora.enabled:
+        return "full", "lora.enabled is false"
+    mode = cfg.rollout.adapter_mode
+    if mode != "auto":
+        return mode, "rollout.adapter_mode"
+    if cfg.cluster.rollout_gpus > 0:
+        return "lora", ("auto: engines on GPUs serve the adapter with vLLM's batched LoRA kernels (no weight "
+                        "reload); set rollout.adapter_mode: merged to reload merged weights instead")
+    return "merged", ("auto: CPU engines generate ~3x faster from merged weights than through vLLM's CPU LoRA "
+                      "kernels; each version is merged into the base and reloaded in place (~0.1 s per 25M "
+                      "parameters); set rollout.adapter_mode: lora to serve adapters")
+
+
+def choices(cfg: Config) -> list[str]:
+    """The defaults chosen for this machine and config, one line each, printed at start."""
+    mode, why = adapter_mode(cfg)
+    lines = [f"rollout.adapter_mode -> {mode}: {why}"] if mode != "full" else []
+    if cfg.trainer._auto_staleness:
+        lines.append(cfg.trainer._auto_staleness)
+    return lines

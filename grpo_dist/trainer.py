@@ -26,6 +26,7 @@ from grpo_dist.cluster.shared_dir import check_storage
 from grpo_dist.outputs import resolve_outputs, resume_command, resume_hint, write_summary
 from grpo_dist.config import Config
 from grpo_dist.data import PromptStream
+from grpo_dist.devices import choices
 from grpo_dist.pipeline import RolloutPipeline
 from grpo_dist.rollout.worker import sleeps_while_learning
 from grpo_dist.evaluation import eval_metrics, evaluate
@@ -65,6 +66,8 @@ class Trainer:
         init_ray(cfg)
         check_storage(cfg)  # cluster.shared_dir seen by every node; full weights on several nodes need it
         self.monitor = self.monitor or make_monitor(cfg)
+        for line in choices(cfg):
+            print(line, flush=True)
         self.workers, info = start_workers(cfg)
         self.recovery = Recovery(cfg, self.workers, lambda: self._export() if self.version > 0 else None)
         self.pipeline = RolloutPipeline(self.workers.rollout, self.recovery, cfg.rollout.generate_timeout_s,

@@ -219,6 +219,51 @@ def test_full_finetuning_through_vllm_reload_weights(ray_cluster, pretrained_mod
         trainer.close()
 
 
+@pytest.mark.parametrize("mode", ["lora", "merged"])
+def test_vllm_serves_each_version_in_both_adapter_modes(ray_cluster, pretrained_model_dir, tmp_path, mode):
+    """rollout.adapter_mode on vLLM's CPU build: lora (the engine runs the adapter with its LoRA
+    kernels; the default on GPUs) and merged (the worker merges it into the base and the engine
+    reloads; the CPU default). Either way only the adapter travels, every step samples from the
+    previous update's weights (behaviour vs learner log-probs ~1e-6), and the engines serve the
+    trained version at the end."""
+    import ray
+
+    from grpo_dist.data import make_task
+    from grpo_dist.types import TrainBatch
+
+    trainer = run_trainer(pretrained_model_dir, tmp_path, {
+        "rollout": {"backend": "vllm", "adapter_mode": mode}, "learner": {"lr": 1e-2, "warmup_steps": 0}})
+    try:
+        w, h = trainer.workers, trainer.history
+        assert [x["sync/version"] for x in h] == [1.0, 2.0]
+        assert all(x["sync/bytes"] < 2_000_000 for x in h)  # the adapter, not the model
+        assert all(x["train/logprob_diff_behaviour_max"] < 1e-3 for x in h)
+        recs = make_task("add", 4, seed=7, split="eval")
+        groups = ray.get(w.rollout.actors[0].generate.remote(recs, n=2))
+        rollouts = [r for g in groups for r in g.rollouts]
+        assert all(r.adapter_version == 2 for r in rollouts)
+        batch = TrainBatch(prompt_ids=[r.prompt_ids for r in rollouts], completion_ids=[r.completion_ids for r in rollouts],
+                           behaviour_logprobs=[r.logprobs for r in rollouts], advantages=[0.0] * len(rollouts))
+        learner_lp = ray.get(w.learner.actors[0].compute_logprobs.remote(batch))
+        diff = max(abs(a - b) for r, lp in zip(rollouts, learner_lp) for a, b in zip(r.logprobs, lp))
+        from transformers import AutoModelForCausalLM
+
+        base = AutoModelForCausalLM.from_pretrained(pretrained_model_dir, dtype=torch.float32).eval()
+        base_diff = 0.0
+        with torch.no_grad():
+            for r in rollouts:
+                ids = torch.tensor([r.prompt_ids + r.completion_ids])
+                logp = torch.log_softmax(base(ids).logits[0, :-1].float(), -1)  # temperature 1
+                n = len(r.prompt_ids)
+                base_lp = logp[n - 1:, :].gather(-1, ids[0, n:, None])[:, 0].tolist()
+                base_diff = max([base_diff] + [abs(a - b) for a, b in zip(r.logprobs, base_lp)])
+        print(f"{mode}: vLLM vs learner max {diff:.2e}; vLLM vs base {base_diff:.2e}")
+        assert diff < 1e-3
+        assert base_diff > 1e-2  # the trained version is what the engine serves
+    finally:
+        trainer.close()
+
+
 def test_filesystem_transport_carries_the_updates(ray_cluster, pretrained_model_dir, tmp_path):
     """sync.transport: filesystem -- the learner writes v<version>.pt under
     <cluster.shared_dir>/<run_id>/sync (the newest sync.keep_versions kept) and the workers load

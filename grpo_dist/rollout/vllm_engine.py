@@ -41,6 +41,31 @@ def cpu_kvcache_space(cpu_kvcache_gb: int | None, environ=os.environ) -> str:
     return value
 
 
+_RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+def quiet_reload_warnings(environ=os.environ) -> str | None:
+    """Every in-place reload logs "RotaryEmbedding: Failed to load weights" per layer: its cos/sin
+    cache is computed, never in a checkpoint, and vLLM puts it back. Merged-weight serving reloads
+    every step, so the engine processes get vLLM's default logging config with that one logger at
+    ERROR (``VLLM_LOGGING_CONFIG_PATH``; a user's own config is left alone). Returns the path set."""
+    if environ.get("VLLM_LOGGING_CONFIG_PATH"):
+        return None
+    import copy
+    import json
+    import tempfile
+
+    from vllm.logger import DEFAULT_LOGGING_CONFIG
+
+    cfg = copy.deepcopy(DEFAULT_LOGGING_CONFIG)
+    cfg["loggers"][_RELOAD_LOGGER] = {"level": "ERROR"}
+    fd, path = tempfile.mkstemp(prefix="grpo_dist-vllm-logging-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(cfg, f)
+    environ["VLLM_LOGGING_CONFIG_PATH"] = path
+    return path
+
+
 def supported_lora_rank(r: int) -> int:
     """vLLM only accepts a fixed set of max_lora_rank values: the smallest one >= r."""
     for x in _LORA_RANKS:
@@ -58,6 +83,8 @@ class VLLMGenerator(Generator):
         import torch
 
         cpu_kvcache_space(cpu_kvcache_gb)  # read by the CPU build only
+        if not enable_lora:  # merged or full weights: reloaded in place every version
+            quiet_reload_warnings()
         from vllm import LLM
 
         kwargs = dict(

@@ -11,9 +11,11 @@ import time
 from typing import Any
 
 from grpo_dist.config import Config
+from grpo_dist.devices import adapter_mode
 from grpo_dist.rollout.base import Generator, SamplingSpec
 from grpo_dist.rollout.seeds import SeedKey, sample_seeds
 from grpo_dist.sync import AdapterStore, make_transport
+from grpo_dist.sync.merge import LoraMerger, read_adapter_dir
 from grpo_dist.types import AdapterUpdate, Rollout, RolloutGroup
 
 log = logging.getLogger("grpo_dist.rollout")
@@ -25,7 +27,7 @@ def make_generator(cfg: Config, seed: int) -> Generator:
         from grpo_dist.rollout.vllm_engine import VLLMGenerator
 
         return VLLMGenerator(
-            cfg.model.path, max_model_len=cfg.model.max_model_len, enable_lora=cfg.lora.enabled,
+            cfg.model.path, max_model_len=cfg.model.max_model_len, enable_lora=adapter_mode(cfg)[0] == "lora",
             lora_rank=cfg.lora.r, max_loras=cfg.rollout.max_loras, enforce_eager=cfg.rollout.enforce_eager,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, cpu_kvcache_gb=cfg.rollout.cpu_kvcache_gb,
             enable_sleep_mode=sleeps_while_learning(cfg), **common)
@@ -46,6 +48,7 @@ class RolloutWorker:
         self.version = 0
         self.engine: Generator | None = None
         self.store: AdapterStore | None = None
+        self.merger: LoraMerger | None = None  # rollout.adapter_mode merged: the base weights
         self._asleep = False  # colocated on GPU: weights and KV cache released for the learner
         self.transport = make_transport(cfg)
 
@@ -57,8 +60,16 @@ class RolloutWorker:
         t0 = time.perf_counter()
         seed = self.cfg.rollout.seed if self.cfg.rollout.seed is not None else self.cfg.trainer.seed
         self.engine = make_generator(self.cfg, seed=seed + 1000 * self.rank)
-        self.store = AdapterStore(self.cfg.sync.tmp_dir, keep=self.cfg.sync.keep_versions, tag=f"rollout{self.rank}")
-        return {"rank": self.rank, "backend": self.cfg.rollout.backend, "startup_s": time.perf_counter() - t0}
+        mode, _ = adapter_mode(self.cfg)
+        # merged: the engine copies a version in when it reloads, so only the newest is kept on disk
+        keep = 1 if mode == "merged" else self.cfg.sync.keep_versions
+        self.store = AdapterStore(self.cfg.sync.tmp_dir, keep=keep, tag=f"rollout{self.rank}")
+        if mode == "merged":
+            from grpo_dist.hub import local_model_dir
+
+            self.merger = LoraMerger(local_model_dir(self.cfg.model.path))
+        return {"rank": self.rank, "backend": self.cfg.rollout.backend, "adapter_mode": mode,
+                "startup_s": time.perf_counter() - t0}
 
     def ready(self) -> bool:
         return self.engine is not None
@@ -111,6 +122,9 @@ class RolloutWorker:
         update: AdapterUpdate = self.transport.receive(payload)
         if update.version < self.version:
             raise ValueError(f"rollout worker {self.rank}: got version {update.version} older than {self.version}")
+        nbytes = update.nbytes  # what was sent (the adapter), not what the engine reloads
+        if update.is_lora and self.merger is not None:
+            update = AdapterUpdate(update.version, self.merger.merged(update.tensors, update.peft_config), None)
         path = self.store.write(update)
         asleep, self._asleep = self._asleep, False
         if asleep:  # weights first, then the KV cache: waking both at once is the known OOM
@@ -122,7 +136,7 @@ class RolloutWorker:
         if asleep:
             self.engine.wake_up(["kv_cache"])
         self.version = update.version
-        return {"version": update.version, "bytes": update.nbytes, "seconds": time.perf_counter() - t0}
+        return {"version": update.version, "bytes": nbytes, "seconds": time.perf_counter() - t0}
 
     def sleep(self) -> bool:
         """Release GPU memory for the colocated learner (no-op unless ``sleeps_while_learning``);
@@ -134,8 +148,13 @@ class RolloutWorker:
 
     def load_adapter_dir(self, path: str | None, version: int) -> dict[str, Any]:
         """Serve a PEFT adapter directory from disk as ``version`` (None: the base model)."""
-        assert self.engine is not None
-        self.engine.set_adapter(version, path)
+        assert self.engine is not None and self.store is not None
+        if self.merger is None:
+            self.engine.set_adapter(version, path)
+        else:
+            tensors, peft_config = read_adapter_dir(path) if path is not None else (None, None)
+            merged = AdapterUpdate(version, self.merger.merged(tensors, peft_config), None)
+            self.engine.load_full_weights(str(self.store.write(merged)))
         self.version = version
         return {"version": version}
 

@@ -1,0 +1,158 @@
+"""Serving LoRA versions as merged weights (rollout.adapter_mode) and the machine-dependent defaults
+that are chosen at start (adapter mode, trainer.max_staleness auto)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from grpo_dist.config import load_config
+from grpo_dist.data import PromptRecord
+from grpo_dist.devices import adapter_mode, choices
+from grpo_dist.sync.merge import LoraMerger, MergeError, lora_deltas, read_adapter_dir
+from grpo_dist.types import AdapterUpdate
+
+
+def peft_model(model_dir, seed=0, **lora):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    kw = dict(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], init_lora_weights=False)
+    kw.update(lora)
+    return get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir), LoraConfig(**kw))
+
+
+def as_update(m, version=1) -> AdapterUpdate:
+    from peft import get_peft_model_state_dict
+
+    cfg = json.loads(json.dumps({k: (sorted(v) if isinstance(v, set) else v)
+                                 for k, v in m.peft_config["default"].to_dict().items()}))
+    return AdapterUpdate(version, {k: v.detach().clone() for k, v in get_peft_model_state_dict(m).items()}, cfg)
+
+
+@pytest.mark.parametrize("lora", [{}, {"use_rslora": True, "lora_alpha": 5}, {"r": 4, "target_modules": ["v_proj"]}])
+def test_merged_state_equals_peft_merge_and_unload(tiny_model_dir, lora):
+    m = peft_model(tiny_model_dir, **lora)
+    upd = as_update(m)
+    merged = LoraMerger(tiny_model_dir).merged(upd.tensors, upd.peft_config)
+    expect = m.merge_and_unload().state_dict()
+    changed = 0
+    for k, v in expect.items():
+        if k == "lm_head.weight" and k not in merged:  # tied to the embeddings
+            continue
+        assert torch.allclose(merged[k], v, atol=1e-6), k
+        changed += int(not torch.equal(merged[k], LoraMerger(tiny_model_dir).base[k]))
+    n_targets = len(lora.get("target_modules", ["q", "k", "v", "o"]))
+    assert changed == n_targets * 2  # every targeted projection of the tiny model's 2 layers, nothing else
+
+
+def test_base_is_returned_unchanged_and_bad_adapters_are_refused(tiny_model_dir, tmp_path):
+    merger = LoraMerger(tiny_model_dir)
+    assert all(torch.equal(a, merger.base[k]) for k, a in merger.merged(None, None).items())
+    upd = as_update(peft_model(tiny_model_dir))
+    with pytest.raises(MergeError, match="use_dora"):
+        lora_deltas(upd.tensors, {**upd.peft_config, "use_dora": True})
+    only_a = {k: v for k, v in upd.tensors.items() if ".lora_A." in k}
+    with pytest.raises(MergeError, match="no lora_B partner"):
+        lora_deltas(only_a, upd.peft_config)
+    renamed = {k.replace("q_proj", "qq_proj"): v for k, v in upd.tensors.items()}
+    with pytest.raises(MergeError, match="does not have"):
+        merger.merged(renamed, upd.peft_config)
+    with pytest.raises(MergeError, match="no \\*.safetensors"):
+        LoraMerger(tmp_path)
+
+
+def test_adapter_dir_round_trip(tiny_model_dir, tmp_path):
+    m = peft_model(tiny_model_dir, seed=3)
+    m.save_pretrained(str(tmp_path / "a"))
+    tensors, cfg = read_adapter_dir(tmp_path / "a")
+    upd = as_update(m)
+    assert cfg["r"] == 8 and set(tensors) == set(upd.tensors)
+
+
+def hf_worker(model_dir, mode):
+    from grpo_dist.rollout.worker import RolloutWorker
+
+    cfg = load_config(None, ["--model.path", str(model_dir), "--rollout.backend", "hf", "--rollout.max_tokens", "6",
+                             "--rollout.group_size", "2", "--learner.micro_batch_size", "4",
+                             "--rollout.adapter_mode", mode])
+    w = RolloutWorker(cfg)
+    info = w.setup()
+    assert info["adapter_mode"] == mode
+    return w
+
+
+def test_merged_and_lora_workers_serve_the_same_policy(tiny_model_dir, tmp_path):
+    """The same adapter through both modes: the same greedy tokens, log-probs equal to 1e-5;
+    an adapter directory (eval) and the base (path None) through the merged worker too."""
+    recs = [PromptRecord(id=i, prompt=f"{i}+{2 * i}=", columns={}) for i in range(3)]
+    m = peft_model(tiny_model_dir, seed=1)
+    upd = as_update(m, version=1)
+    m.save_pretrained(str(tmp_path / "adapter"))
+    out = {}
+    for mode in ("lora", "merged"):
+        w = hf_worker(tiny_model_dir, mode)
+        try:
+            base = w.generate(recs, temperature=0.0)
+            info = w.load_update(upd)
+            assert info["bytes"] == upd.nbytes  # what travelled is the adapter, in both modes
+            trained = w.generate(recs, temperature=0.0)
+            w.load_adapter_dir(str(tmp_path / "adapter"), 2)
+            from_dir = w.generate(recs, temperature=0.0)
+            w.load_adapter_dir(None, 3)
+            base_again = w.generate(recs, temperature=0.0)
+        finally:
+            w.close()
+        out[mode] = (base, trained, from_dir, base_again)
+
+    def flat(groups):
+        return [(r.completion_ids, r.logprobs) for g in groups for r in g.rollouts]
+
+    for a, b in zip(out["lora"], out["merged"]):
+        for (ids_a, lp_a), (ids_b, lp_b) in zip(flat(a), flat(b)):
+            assert ids_a == ids_b
+            assert max(abs(x - y) for x, y in zip(lp_a, lp_b)) < 1e-5
+    base, trained, from_dir, base_again = out["merged"]
+    assert flat(base) != flat(trained)  # the adapter changed the policy
+    assert [x[0] for x in flat(trained)] == [x[0] for x in flat(from_dir)]
+    assert [x[0] for x in flat(base)] == [x[0] for x in flat(base_again)]
+
+
+# ------------------------------------------------------------------ defaults chosen at start
+def test_adapter_mode_auto_by_device():
+    cpu = load_config(None, [])
+    assert adapter_mode(cpu)[0] == "merged"
+    gpu = load_config(None, ["--cluster.rollout_gpus", "1", "--cluster.learner_gpus", "1"])
+    assert adapter_mode(gpu)[0] == "lora"
+    assert adapter_mode(load_config(None, ["--rollout.adapter_mode", "lora"])) == ("lora", "rollout.adapter_mode")
+    assert adapter_mode(load_config(None, ["--lora.enabled", "false"]))[0] == "full"
+    lines = choices(cpu)
+    assert lines[0].startswith("rollout.adapter_mode -> merged: auto: CPU engines")
+    assert lines[1].startswith("trainer.max_staleness auto -> 0: the engines and the learner share CPU cores")
+
+
+@pytest.mark.parametrize("overrides, k, words", [
+    ([], 0, "share CPU cores"),
+    (["--cluster.rollout_gpus", "1", "--cluster.learner_gpus", "1"], 1, "GPUs of their own"),
+    (["--cluster.rollout_gpus", "1", "--cluster.learner_gpus", "1", "--algo.num_iterations", "2"], 2,
+     "GPUs of their own"),
+    (["--cluster.rollout_gpus", "1", "--cluster.learner_gpus", "1", "--rollout.top_p", "0.9"], 0, "top_p"),
+    (["--cluster.rollout_gpus", "1", "--cluster.learner_gpus", "1", "--cluster.layout", "colocated",
+      "--rollout.num_workers", "1"], 0, "colocated"),
+    (["--trainer.async_rollouts", "true"], 1, "async_rollouts"),
+])
+def test_max_staleness_auto(overrides, k, words):
+    cfg = load_config(None, overrides)
+    assert cfg.trainer.max_staleness == k
+    assert words in cfg.trainer._auto_staleness
+    assert cfg.trainer.async_rollouts == (k > 0)
+
+
+def test_explicit_max_staleness_is_kept_without_a_note():
+    for k in (0, 1, 2):
+        cfg = load_config(None, ["--trainer.max_staleness", str(k)])
+        assert cfg.trainer.max_staleness == k and cfg.trainer._auto_staleness is None
+        assert not any(line.startswith("trainer.max_staleness") for line in choices(cfg))
