@@ -3,7 +3,7 @@
 Strictly on-policy by default. With ``trainer.max_staleness`` k >= 1 the batches of the next
 steps are generated (with the weights of their start) while the learner trains on this one: no
 sample is more than k versions older than the learner, which takes the rollout engine's
-log-probs as pi_old in the ratio (``grpo_dist.pipeline``; ``async_rollouts`` = one step ahead).
+log-probs as pi_old in the ratio (``grpo_dist.cluster.pipeline``; ``async_rollouts`` = one step ahead).
 
 Reads like the algorithm; everything else lives in ``batch`` (pure shaping/advantages),
 ``cluster`` (Ray), ``evaluation``, ``checkpoint`` and ``monitor``.
@@ -27,7 +27,7 @@ from grpo_dist.outputs import resolve_outputs, resume_command, resume_hint, writ
 from grpo_dist.config import Config
 from grpo_dist.data import PromptStream
 from grpo_dist.devices import choices
-from grpo_dist.pipeline import RolloutPipeline
+from grpo_dist.cluster.pipeline import RolloutPipeline
 from grpo_dist.rollout.worker import sleeps_while_learning
 from grpo_dist.evaluation import eval_metrics, evaluate
 from grpo_dist.monitor import Monitor, StepTimer, non_finite

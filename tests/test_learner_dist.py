@@ -6,18 +6,12 @@ the loss and KL, the exported adapter after one update, and the gradient of a se
 
 from __future__ import annotations
 
-import socket
 
 import pytest
 import torch
 
+from grpo_dist.cluster.ray_utils import free_port
 from grpo_dist.learner.testing import random_batch, small_config, two_step_grads, two_step_rank, zero3_rank
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
@@ -31,14 +25,14 @@ def test_two_ranks_match_single_process(tiny_model_dir, tmp_path, algo):
     from grpo_dist.learner import Learner
 
     batch, batch2 = random_batch(8, seed=21), random_batch(8, seed=22)
-    mp.spawn(two_step_rank, args=(2, _free_port(), str(tiny_model_dir), str(tmp_path), batch, batch2, algo),
+    mp.spawn(two_step_rank, args=(2, free_port(), str(tiny_model_dir), str(tmp_path), batch, batch2, algo),
              nprocs=2, join=True)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2))
 
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        learner = Learner(small_config(tiny_model_dir, algo=dict(beta=0.04, **algo)), master_port=_free_port())
+        learner = Learner(small_config(tiny_model_dir, algo=dict(beta=0.04, **algo)), master_port=free_port())
         learner.setup()
         single = two_step_grads(learner, batch, batch2)
         learner.shutdown()
@@ -75,14 +69,14 @@ def test_zero3_two_ranks_train_refresh_and_export_like_one_process(tiny_model_di
     from grpo_dist.learner import Learner
 
     batch = random_batch(8, seed=23)
-    mp.spawn(zero3_rank, args=(2, _free_port(), str(tiny_model_dir), str(tmp_path), batch), nprocs=2, join=True)
+    mp.spawn(zero3_rank, args=(2, free_port(), str(tiny_model_dir), str(tmp_path), batch), nprocs=2, join=True)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2))
 
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         learner = Learner(small_config(tiny_model_dir, algo=dict(beta=0.04, ref_refresh_every=1)),
-                          master_port=_free_port())
+                          master_port=free_port())
         learner.setup()
         m = learner.train_step(batch)
         learner.refresh_reference(1.0)

@@ -19,7 +19,6 @@ pytestmark = pytest.mark.usefixtures("in_process_learners")
 
 @pytest.fixture(scope="module")
 def learner(tiny_model_dir):
-    # a port of its own (not testing.IN_PROCESS_PORT): another pytest process on the machine may hold that one
     learner = Learner(small_config(tiny_model_dir, algo=dict(beta=0.04)), master_port=free_port())
     learner.setup()
     randomize_lora(learner, seed=3)  # policy != reference, so the KL term is not 0

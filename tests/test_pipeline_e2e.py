@@ -125,7 +125,7 @@ def test_a_dead_engine_with_queued_chunks_is_replaced_and_they_are_sent_again(
     no sample is more than 2 versions behind."""
     import ray
 
-    from grpo_dist.pipeline import RolloutPipeline
+    from grpo_dist.cluster.pipeline import RolloutPipeline
 
     sent = []
     original = RolloutPipeline._send

@@ -13,6 +13,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
+from grpo_dist.cluster.ray_utils import free_port
 from grpo_dist.config import Config, config_from_dict
 from grpo_dist.types import TrainBatch
 
@@ -29,7 +30,9 @@ def small_config(model_dir, *, algo=None, learner=None, lora=None, rollout=None,
     ))
 
 
-IN_PROCESS_PORT = 29517  # one world-1 process group for every in-process learner of a test module
+# one world-1 process group for every in-process learner of this process; a port picked once per
+# process (a fixed one collided between two pytest processes on the same machine)
+IN_PROCESS_PORT = free_port()
 
 
 def make_learner(cfg: Config):
