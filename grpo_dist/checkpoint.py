@@ -34,10 +34,12 @@ def list_checkpoints(directory: Path) -> list[Path]:
 
 
 def _rng_state() -> dict[str, Any]:
-    import torch
-
+    """The driver's random state: Python's ``random`` only. The driver draws nothing from torch
+    (sampling seeds are derived from (trainer.seed, step, prompt), the prompt order from the
+    stream's own seeded state), so there is no torch state to keep; the learners' RNG is in their
+    DeepSpeed checkpoint."""
     version, internal, gauss = random.getstate()
-    return {"python": [version, list(internal), gauss], "torch_seed": int(torch.initial_seed())}
+    return {"python": [version, list(internal), gauss]}
 
 
 def _direct(cfg: Config) -> bool:
