@@ -49,6 +49,43 @@ def test_merged_state_equals_peft_merge_and_unload(tiny_model_dir, lora):
     assert changed == n_targets * 2  # every targeted projection of the tiny model's 2 layers, nothing else
 
 
+@pytest.mark.parametrize("targets, reloaded", [
+    (["q_proj", "k_proj", "v_proj", "o_proj"], {"q_proj", "k_proj", "v_proj", "o_proj"}),
+    (["v_proj"], {"q_proj", "k_proj", "v_proj"}),  # vLLM's qkv_proj is reloaded whole
+    (["up_proj", "o_proj"], {"gate_proj", "up_proj", "o_proj"}),
+])
+def test_partial_state_is_whole_vllm_layers(tiny_model_dir, targets, reloaded):
+    upd = as_update(peft_model(tiny_model_dir, target_modules=targets))
+    merger = LoraMerger(tiny_model_dir)
+    full = merger.merged(upd.tensors, upd.peft_config)
+    part = merger.merged(upd.tensors, upd.peft_config, partial=True)
+    assert {k.rsplit(".", 2)[1] for k in part} == reloaded
+    assert len(part) == 2 * len(reloaded)  # both layers of the tiny model, weights only (no biases)
+    assert all(torch.equal(part[k], full[k]) for k in part)
+
+
+def test_partial_state_carries_the_biases_of_a_stacked_layer(tiny_model_dir):
+    """Qwen2-style q/k/v biases belong to vLLM's qkv_proj layer: they are reloaded with it."""
+    merger = LoraMerger(tiny_model_dir)
+    for i in range(2):
+        for m in ("q_proj", "k_proj", "v_proj"):
+            w = merger.base[f"model.layers.{i}.self_attn.{m}.weight"]
+            merger.base[f"model.layers.{i}.self_attn.{m}.bias"] = torch.zeros(w.shape[0])
+    upd = as_update(peft_model(tiny_model_dir, target_modules=["q_proj"]))
+    part = merger.merged(upd.tensors, upd.peft_config, partial=True)
+    assert sum(k.endswith(".bias") for k in part) == 6 and len(part) == 12
+
+
+def test_an_unknown_projection_reloads_the_whole_state(tiny_model_dir):
+    upd = as_update(peft_model(tiny_model_dir, target_modules=["q_proj"]))
+    renamed = {k.replace("q_proj", "c_attn"): v for k, v in upd.tensors.items()}
+    merger = LoraMerger(tiny_model_dir)
+    for i in range(2):
+        merger.base[f"model.layers.{i}.self_attn.c_attn.weight"] = merger.base[f"model.layers.{i}.self_attn.q_proj.weight"]
+    part = merger.merged(renamed, upd.peft_config, partial=True)
+    assert set(part) == set(merger.base)
+
+
 def test_base_is_returned_unchanged_and_bad_adapters_are_refused(tiny_model_dir, tmp_path):
     merger = LoraMerger(tiny_model_dir)
     assert all(torch.equal(a, merger.base[k]) for k, a in merger.merged(None, None).items())

@@ -219,20 +219,23 @@ def test_full_finetuning_through_vllm_reload_weights(ray_cluster, pretrained_mod
         trainer.close()
 
 
-@pytest.mark.parametrize("mode", ["lora", "merged"])
-def test_vllm_serves_each_version_in_both_adapter_modes(ray_cluster, pretrained_model_dir, tmp_path, mode):
+@pytest.mark.parametrize("mode, targets", [("lora", None), ("merged", ["v_proj", "up_proj", "down_proj"])])
+def test_vllm_serves_each_version_in_both_adapter_modes(ray_cluster, pretrained_model_dir, tmp_path, mode, targets):
     """rollout.adapter_mode on vLLM's CPU build: lora (the engine runs the adapter with its LoRA
     kernels; the default on GPUs) and merged (the worker merges it into the base and the engine
     reloads; the CPU default). Either way only the adapter travels, every step samples from the
-    previous update's weights (behaviour vs learner log-probs ~1e-6), and the engines serve the
-    trained version at the end."""
+    previous update's weights (behaviour vs learner log-probs ~1e-6), and the engine serves the
+    trained version at the end, not the base. Merged, with LoRA on v, up and down only: the
+    worker reloads whole vLLM layers (q, k, v stacked in qkv_proj; gate, up in gate_up_proj) and
+    leaves the others alone; a slice left out of a stacked layer would be garbage."""
     import ray
 
     from grpo_dist.data import make_task
     from grpo_dist.types import TrainBatch
 
     trainer = run_trainer(pretrained_model_dir, tmp_path, {
-        "rollout": {"backend": "vllm", "adapter_mode": mode}, "learner": {"lr": 1e-2, "warmup_steps": 0}})
+        "rollout": {"backend": "vllm", "adapter_mode": mode}, "learner": {"lr": 1e-2, "warmup_steps": 0},
+        **({"lora": {"target_modules": targets}} if targets else {})})
     try:
         w, h = trainer.workers, trainer.history
         assert [x["sync/version"] for x in h] == [1.0, 2.0]

@@ -41,14 +41,17 @@ def cpu_kvcache_space(cpu_kvcache_gb: int | None, environ=os.environ) -> str:
     return value
 
 
-_RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+# per reload: "<layer>: Failed to load weights" (layerwise) and "Following weights were not loaded"
+# (inplace) for every layer a merged adapter leaves alone
+_RELOAD_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise", "vllm.model_executor.model_loader.reload.inplace")
 
 
 def quiet_reload_warnings(environ=os.environ) -> str | None:
-    """Every in-place reload logs "RotaryEmbedding: Failed to load weights" per layer: its cos/sin
-    cache is computed, never in a checkpoint, and vLLM puts it back. Merged-weight serving reloads
-    every step, so the engine processes get vLLM's default logging config with that one logger at
-    ERROR (``VLLM_LOGGING_CONFIG_PATH``; a user's own config is left alone). Returns the path set."""
+    """Every in-place reload warns about each layer it was given no weights for (the rotary cos/sin
+    cache, never in a checkpoint; with merged serving, every layer the adapter leaves alone), and
+    vLLM puts the old tensors back. Merged-weight serving reloads every step, so the engine
+    processes get vLLM's default logging config with the two reload loggers at ERROR
+    (``VLLM_LOGGING_CONFIG_PATH``; a user's own config is left alone). Returns the path set."""
     if environ.get("VLLM_LOGGING_CONFIG_PATH"):
         return None
     import copy
@@ -58,7 +61,8 @@ def quiet_reload_warnings(environ=os.environ) -> str | None:
     from vllm.logger import DEFAULT_LOGGING_CONFIG
 
     cfg = copy.deepcopy(DEFAULT_LOGGING_CONFIG)
-    cfg["loggers"][_RELOAD_LOGGER] = {"level": "ERROR"}
+    for name in _RELOAD_LOGGERS:
+        cfg["loggers"][name] = {"level": "ERROR"}
     fd, path = tempfile.mkstemp(prefix="grpo_dist-vllm-logging-", suffix=".json")
     with os.fdopen(fd, "w") as f:
         json.dump(cfg, f)

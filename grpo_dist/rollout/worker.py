@@ -124,7 +124,8 @@ class RolloutWorker:
             raise ValueError(f"rollout worker {self.rank}: got version {update.version} older than {self.version}")
         nbytes = update.nbytes  # what was sent (the adapter), not what the engine reloads
         if update.is_lora and self.merger is not None:
-            update = AdapterUpdate(update.version, self.merger.merged(update.tensors, update.peft_config), None)
+            update = AdapterUpdate(update.version, self.merger.merged(update.tensors, update.peft_config, partial=True),
+                                   None)
         path = self.store.write(update)
         asleep, self._asleep = self._asleep, False
         if asleep:  # weights first, then the KV cache: waking both at once is the known OOM
@@ -153,7 +154,7 @@ class RolloutWorker:
             self.engine.set_adapter(version, path)
         else:
             tensors, peft_config = read_adapter_dir(path) if path is not None else (None, None)
-            merged = AdapterUpdate(version, self.merger.merged(tensors, peft_config), None)
+            merged = AdapterUpdate(version, self.merger.merged(tensors, peft_config, partial=True), None)
             self.engine.load_full_weights(str(self.store.write(merged)))
         self.version = version
         return {"version": version}

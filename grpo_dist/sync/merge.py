@@ -6,9 +6,10 @@ on CPU engines the rollout worker keeps receiving the small adapter (the transpo
 and merges it itself, W' = W + scaling * B @ A, into a copy of the base weights, which the engine
 then reloads in place (``reload_weights``: ~0.1 s for 25M parameters).
 
-The whole state is written each version, not only the merged tensors: vLLM stacks q, k and v
-(and gate, up) into one parameter, and a partial reload would leave the unloaded slices of such
-a layer uninitialised.
+Only the layers an adapter touches are reloaded, each one whole: vLLM stacks q, k and v (and
+gate, up) into one parameter, and its layerwise reload leaves the unloaded slices of a partly
+loaded layer uninitialised, so a merged q_proj travels with its layer's k_proj and v_proj.
+Projections outside that known Llama-family naming (e.g. GPT-2's c_attn) reload the whole state.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from typing import Any
 import torch
 
 _PEFT_PREFIX = "base_model.model."
+# vLLM's packed_modules_mapping for the Llama family (Llama, Qwen2, Mistral, ...): HF projections
+# it stacks into one parameter; and the projections it keeps as they are
+_PACKED = ({"q_proj", "k_proj", "v_proj"}, {"gate_proj", "up_proj"})
+_KNOWN = set().union(*_PACKED) | {"o_proj", "down_proj"}
 
 
 class MergeError(ValueError):
@@ -76,18 +81,33 @@ class LoraMerger:
     def __init__(self, model_dir: str | Path):
         self.base = load_state(model_dir)
 
-    def merged(self, tensors: dict[str, torch.Tensor] | None, peft_config: dict[str, Any] | None) -> dict[str, torch.Tensor]:
-        """The full state with the adapter merged in (``tensors`` None: the base itself)."""
+    def merged(self, tensors: dict[str, torch.Tensor] | None, peft_config: dict[str, Any] | None,
+               partial: bool = False) -> dict[str, torch.Tensor]:
+        """The state with the adapter merged in (``tensors`` None: the base itself). ``partial``:
+        only the layers the adapter changes, each completed with the projections vLLM stacks
+        with it (the whole state where a target is not a known Llama-family projection)."""
         if tensors is None:
             return dict(self.base)
-        out = dict(self.base)
-        for name, delta in lora_deltas(tensors, peft_config or {}).items():
+        deltas = lora_deltas(tensors, peft_config or {})
+        out = {} if partial else dict(self.base)
+        for name, delta in deltas.items():
             w = self.base.get(name)
             if w is None:
                 raise MergeError(f"adapter weight for {name}, which the base model does not have")
             if tuple(w.shape) != tuple(delta.shape):
                 raise MergeError(f"{name}: adapter delta {tuple(delta.shape)} vs base {tuple(w.shape)}")
             out[name] = (w.float() + delta).to(w.dtype)
+        if partial:  # whole vLLM layers: every tensor (weight, bias) of each module and its stack
+            modules = set()
+            for name in out:
+                parent, short, _ = name.rsplit(".", 2)
+                if short not in _KNOWN:
+                    return self.merged(tensors, peft_config, partial=False)
+                group = next((g for g in _PACKED if short in g), {short})
+                modules |= {f"{parent}.{m}." for m in group}
+            for key, value in self.base.items():
+                if key not in out and key[:key.rfind(".") + 1] in modules:
+                    out[key] = value
         return out
 
 
