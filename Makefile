@@ -41,7 +41,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/logprobs.py
 
 bench-pipeline: $(STAMP)
-	$(PY) benchmarks/pipeline.py --rollout.num_workers 1
+	$(PY) benchmarks/pipeline.py --models tiny,small --workers 1,2 --ks 0,1,2 $(ARGS)
 
 # TRL's GRPOTrainer vs grpo_dist on one workload (benchmarks/trl_compare.py; ARGS="--steps 4" for a
 # smoke run). Installs the `bench` extra (TRL) with --no-deps, and only if pip's plan for it adds
