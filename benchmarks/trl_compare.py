@@ -233,6 +233,7 @@ def grpo_overrides(model_path: str, steps: int, max_staleness: int, out_dir: str
         "--trainer.steps", str(steps), "--trainer.max_staleness", str(max_staleness), "--trainer.seed", str(w["seed"]),
         "--trainer.eval_before_after", "false", "--trainer.eval_every", "0", "--checkpoint.every", "0",
         "--logging.wandb_mode", "disabled", "--logging.progress", "false", "--logging.sample_table_every", "0",
+        "--cluster.torch_threads", "auto",  # the default (configs/tiny_cpu.yaml pins 1 for the tiny demo)
     ] + list(extra)
 
 

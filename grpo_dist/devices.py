@@ -5,6 +5,7 @@ machine before any actor starts.
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 from grpo_dist.config import Config, ConfigError
@@ -57,6 +58,26 @@ def adapter_mode(cfg: Config) -> tuple[str, str]:
     return "merged", ("auto: CPU engines generate ~3x faster from merged weights than through vLLM's CPU LoRA "
                       "kernels; each version is merged into the base and reloaded in place (~0.1 s per 25M "
                       "parameters); set rollout.adapter_mode: lora to serve adapters")
+
+
+def torch_threads(cfg: Config, role: str, peers_on_node: int = 1, node_cpus: Optional[int] = None) -> tuple[int, str]:
+    """Threads for a ``role`` ("learner" or "rollout") actor with ``peers_on_node`` actors of its
+    role on its node (``cluster.torch_threads``; auto as its description says); and why."""
+    c = cfg.cluster
+    if c.torch_threads != "auto":
+        return int(c.torch_threads), "cluster.torch_threads"
+    own = max(1, int(c.learner_cpus if role == "learner" else c.rollout_cpus))
+    on_gpu = (c.learner_gpus if role == "learner" else c.rollout_gpus) > 0
+    if on_gpu:
+        return own, f"auto: on GPU, int(cluster.{role}_cpus)"
+    if cfg.trainer.max_staleness != 0:
+        return own, (f"auto: generation overlaps the update (trainer.max_staleness {cfg.trainer.max_staleness}), "
+                     f"so int(cluster.{role}_cpus) to leave the engines their cores")
+    if node_cpus is None:
+        node_cpus = c.num_cpus if c.address is None and c.num_cpus else len(os.sched_getaffinity(0))
+    n = max(1, node_cpus // max(1, peers_on_node))
+    return n, (f"auto: trainer.max_staleness 0, the roles take turns: {node_cpus} CPUs on the node / "
+               f"{peers_on_node} {role} rank(s) there")
 
 
 def choices(cfg: Config) -> list[str]:

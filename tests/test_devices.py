@@ -10,13 +10,39 @@ import pytest
 import torch
 
 from grpo_dist.config import ConfigError, config_from_dict, load_config
-from grpo_dist.devices import check_devices, learner_on_gpu
+from grpo_dist.devices import check_devices, learner_on_gpu, torch_threads
 from grpo_dist.learner import state
 from grpo_dist.learner.state import MetricAccumulator, collective_device
 from grpo_dist.rollout import vllm_engine
 
 
 # ---------------------------------------------------------------------- defaults by device
+
+@pytest.mark.parametrize("over,role,peers,expect", [
+    ({}, "learner", 1, 8),  # on-policy CPU run: the roles take turns, the rank gets the node's CPUs
+    ({}, "learner", 2, 4),  # two learner ranks on the node split them
+    ({}, "learner", 16, 1),
+    ({}, "rollout", 2, 4),
+    ({"trainer": {"max_staleness": 1}}, "learner", 1, 1),  # generation overlaps: int(learner_cpus) 0.5 -> 1
+    ({"trainer": {"max_staleness": 1}, "cluster": {"learner_cpus": 3}}, "learner", 1, 3),
+    ({"cluster": {"learner_gpus": 1, "learner_cpus": 2}}, "learner", 1, 2),  # on GPU: its reserved CPUs
+    ({"cluster": {"torch_threads": 5}}, "learner", 4, 5),  # a number always wins
+])
+def test_torch_threads_auto(over, role, peers, expect):
+    cfg = config_from_dict(over)
+    assert cfg.cluster.torch_threads == over.get("cluster", {}).get("torch_threads", "auto")
+    n, why = torch_threads(cfg, role, peers, node_cpus=8)
+    assert n == expect and why
+
+
+def test_torch_threads_auto_reads_the_local_cluster_size():
+    cfg = config_from_dict({"cluster": {"num_cpus": 2}})
+    assert torch_threads(cfg, "learner", 1) == (2, "auto: trainer.max_staleness 0, the roles take turns: 2 CPUs "
+                                                   "on the node / 1 learner rank(s) there")
+    assert load_config("configs/tiny_cpu.yaml").cluster.torch_threads == 1  # the demo's tiny matmuls: 1
+    with pytest.raises(ConfigError, match="cluster.torch_threads"):
+        load_config(None, ["--cluster.torch_threads", "0"])
+
 
 def test_cpu_defaults_are_unchanged():
     for cfg in (load_config("configs/tiny_cpu.yaml"), config_from_dict({})):

@@ -17,6 +17,7 @@ import ray
 from grpo_dist.cluster.placement import Placement, actor_specs, place
 from grpo_dist.cluster.ray_utils import ActorGroup, free_port
 from grpo_dist.config import Config
+from grpo_dist.devices import torch_threads
 from grpo_dist.learner import Learner
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.rollout.worker import RolloutWorker
@@ -53,14 +54,18 @@ class LearnerActor(_Placed, Learner):
         ip = ray.util.get_node_ip_address()
         return {"ip": ip, "port": free_port(ip)}
 
-    def setup(self, master_addr: Optional[str] = None, master_port: Optional[int] = None) -> dict:
+    def setup(self, master_addr: Optional[str] = None, master_port: Optional[int] = None,
+              peers_on_node: int = 1) -> dict:
         import torch
 
         if master_addr is not None:
             self.master_addr, self.master_port = master_addr, int(master_port)
         # the Learner leaves process-wide thread settings alone; inside an actor we own the process
-        torch.set_num_threads(self.cfg.cluster.torch_threads)
-        return super().setup()
+        threads, why = torch_threads(self.cfg, "learner", peers_on_node)
+        torch.set_num_threads(threads)
+        if self.rank == 0:
+            print(f"learner torch threads: {threads} ({why})", flush=True)
+        return {**super().setup(), "torch_threads": threads}
 
 
 @dataclass
@@ -99,19 +104,27 @@ def start_learners(cfg: Config, placement: Optional[Placement]) -> tuple[ActorGr
     where = learner.get([learner.actors[0].rendezvous_address.remote()], timeout=c.actor_start_timeout_s,
                         ranks=[0])[0]
     log.info("learner rendezvous at %s:%s (rank 0's node)", where["ip"], where["port"])
-    return learner, learner.call("setup", where["ip"], where["port"])
+    peers = peers_on_node(learner, c.actor_start_timeout_s)
+    return learner, learner.call_each("setup", [(where["ip"], where["port"], n) for n in peers])
+
+
+def peers_on_node(group: ActorGroup, timeout: float) -> list[int]:
+    """For each actor of ``group``: how many of the group's actors share its node."""
+    nodes = [n["node_id"] for n in group.get(group.call("node_info"), timeout=timeout)]
+    return [nodes.count(n) for n in nodes]
 
 
 def start_workers(cfg: Config) -> tuple[Workers, dict]:
     """Place the groups, create every actor, then set them all up concurrently (engines load
     while learners init)."""
     placement = place(cfg)
+    t = cfg.cluster.actor_start_timeout_s
     try:
         rollout, reward = create_generators(cfg, placement)
         learner, l_refs = start_learners(cfg, placement)
         workers = Workers(rollout, reward, learner, placement)
-        t = cfg.cluster.actor_start_timeout_s
-        r_refs, w_refs = rollout.call("setup"), reward.call("names")
+        r_refs = rollout.call_each("setup", [(n,) for n in peers_on_node(rollout, t)])
+        w_refs = reward.call("names")
         info = {"rollout": rollout.get(r_refs, timeout=t), "learner": learner.get(l_refs, timeout=t),
                 "reward": reward.get(w_refs, timeout=t)}
     except BaseException:

@@ -33,6 +33,16 @@ class Collated:
     advantages: torch.Tensor  # [B] float32
     behaviour_logp: Optional[torch.Tensor]  # [B, C] float32 or None
     lengths: list[int]  # completion lengths
+    # group packing (grpo_dist.learner.packing): rows hold a prompt and several of its completions,
+    # attention_mask is then a 4-D additive mask [R, 1, L, L] and input_ids [R, L]
+    position_ids: Optional[torch.Tensor] = None  # [R, L] long
+    row: Optional[torch.Tensor] = None  # [B] long: the packed row of each completion
+    first_pos: Optional[torch.Tensor] = None  # [B] long: its prompt's last position in that row
+    first_tok: Optional[torch.Tensor] = None  # [B] long: its first token
+
+    @property
+    def packed(self) -> bool:
+        return self.row is not None
 
     @property
     def logits_to_keep(self) -> int:

@@ -27,6 +27,7 @@ from grpo_dist.devices import learner_on_gpu
 from grpo_dist.types import TrainBatch
 
 from .batching import Collated, collate, gather_completion, micro_batch_rows
+from .packing import check_packing, collate_packed, packed_token_values
 from .loss import compute_loss
 from .optim import deepspeed_config, gradient_accumulation_steps, make_scheduler_factory
 from .reference import Reference
@@ -50,6 +51,8 @@ class Learner(WeightsIO):
         self._version = 0
         self._pad_id = 0
         self._gas = 1
+        self._pack_len = 0  # group packing (learner.packing): the row length, 0 = padded layout
+        self._mask_dtype = torch.float32
         # Source of old_logp (pi_old), the ratio's denominator. "policy": the learner's own log-probs
         # under the current weights before the update (the proximal policy): logp.detach() when
         # num_iterations == 1 (ratio 1), else recomputed once, no grad, before the first update.
@@ -107,11 +110,16 @@ class Learner(WeightsIO):
             lr_scheduler=make_scheduler_factory(cfg))
         self.engine.train()
         self.device = self.engine.device if cuda else self.device
+        self._mask_dtype = getattr(torch, cfg.model.dtype)
+        self._pack_len, self.packing_line = check_packing(self, self.engine.module.config)
+        if self.rank == 0:
+            print(self.packing_line, flush=True)
         total = sum(self._numel(p) for p in self.engine.module.parameters())
         trainable = sum(self._numel(p) for p in self.engine.module.parameters() if p.requires_grad)
         return {"trainable_params": int(trainable), "total_params": int(total),
                 "adapter_bytes": int(sum(self._numel(p) * p.element_size() for p in self._trainable())),
                 "gradient_accumulation_steps": self._gas, "world_size": self.world_size,
+                "packed_row_len": self._pack_len,
                 "timing/init_distributed": t_dist, "timing/setup": time.perf_counter() - t0}
 
     @staticmethod
@@ -137,10 +145,14 @@ class Learner(WeightsIO):
     def _forward(self, mb: Collated, module=None, entropy: bool = False):
         """Log-probs ``[B, C]`` (temperature-scaled, fp32) of the completion tokens; optional entropy."""
         module = module if module is not None else self.engine
+        temperature = self.cfg.rollout.temperature
+        if mb.packed:
+            logits = module(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
+                            use_cache=False).logits
+            return packed_token_values(logits / temperature if temperature != 1.0 else logits, mb, entropy)
         out = module(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
                      logits_to_keep=mb.logits_to_keep, use_cache=False)
         logits = out.logits[:, :-1]
-        temperature = self.cfg.rollout.temperature
         if temperature != 1.0:
             logits = logits / temperature
         logp = gather_completion(selective_log_softmax(logits, mb.targets()), mb.index, mb.valid)
@@ -168,7 +180,9 @@ class Learner(WeightsIO):
             with self.reference.active(self.engine.module) as ref:
                 return self._forward(mb, ref)[0]
 
-    def _collate(self, batch: TrainBatch, rows: Optional[range] = None) -> Collated:
+    def _collate(self, batch: TrainBatch, rows: Optional[range] = None, packed: Optional[bool] = None) -> Collated:
+        if self._pack_len if packed is None else packed:
+            return collate_packed(batch, rows, self._pad_id, self._pack_len or 1, self._mask_dtype).to(self.device)
         return collate(batch, rows, self._pad_id).to(self.device)
 
     def compute_logprobs(self, batch: TrainBatch) -> list[list[float]]:

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from grpo_dist.config import Config
-from grpo_dist.devices import adapter_mode
+from grpo_dist.devices import adapter_mode, torch_threads
 from grpo_dist.rollout.base import Generator, SamplingSpec
 from grpo_dist.rollout.seeds import SeedKey, sample_seeds
 from grpo_dist.sync import AdapterStore, make_transport
@@ -53,10 +53,11 @@ class RolloutWorker:
         self.transport = make_transport(cfg)
 
     # -- lifecycle -------------------------------------------------------------------------
-    def setup(self) -> dict[str, Any]:
+    def setup(self, peers_on_node: int = 1) -> dict[str, Any]:
         import torch
 
-        torch.set_num_threads(self.cfg.cluster.torch_threads)
+        # the hf backend's threads (a vLLM engine binds its own, VLLM_CPU_OMP_THREADS_BIND)
+        torch.set_num_threads(torch_threads(self.cfg, "rollout", peers_on_node)[0])
         t0 = time.perf_counter()
         seed = self.cfg.rollout.seed if self.cfg.rollout.seed is not None else self.cfg.trainer.seed
         self.engine = make_generator(self.cfg, seed=seed + 1000 * self.rank)

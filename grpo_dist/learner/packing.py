@@ -1,0 +1,180 @@
+"""Group packing: a group's prompt once, its completions after it, one row, no padding between.
+
+GRPO samples G completions of every prompt, and the padded layout (``batching.collate``) runs the
+prompt G times and pads every completion to the longest. Packed, a row holds one prompt followed by
+as many of its completions as fit in ``max_len`` tokens::
+
+    row:       p0 p1 p2 | a0 a1 a2 a3 | b0 b1 | c0 c1 c2 | pad
+    positions:  0  1  2 |  3  4  5  6 |  3  4 |  3  4  5 |  0
+
+and a 4-D additive attention mask in which every completion token sees the prompt and the earlier
+tokens of its own completion only, with the positions each would have in its own sequence. The
+logits are therefore those of the padded layout (to float rounding), and so are the gradients: the
+prompt's activations feed every completion of the row, and backward sums their contributions.
+
+The first token of a completion is predicted by the prompt's last position (shared by the row's
+completions); every later token by the position before it, as in a plain sequence.
+
+On the workload of issue 11 (8 prompts of 7 tokens x 8 completions of ~26 tokens, hidden 512)
+this is 1952 instead of 2496 tokens per forward: forward and backward take ~0.8x the time
+(benchmarks/NOTES.md). The attention over a row costs ``O(row length^2)``, so ``max_len`` keeps
+rows short next to the hidden size (the default cap is the model's hidden size).
+
+The learner checks the layout once at set-up against the padded one on its own model (an
+attention implementation that ignores a 4-D mask, e.g. flash-attention, fails the check) and
+falls back to padding, saying why.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from grpo_dist.algo import entropy_from_logits, selective_log_softmax
+from grpo_dist.types import TrainBatch
+
+from .batching import Collated
+from .state import all_reduce_floats
+
+
+def plan_rows(prompts: list[tuple[int, ...]], lens: list[int], max_len: int) -> list[tuple[int, list[int]]]:
+    """Rows of ``(prompt length, [batch rows])``: consecutive sequences with the same prompt share
+    a row while it stays within ``max_len`` tokens (a row holds at least one completion)."""
+    rows: list[tuple[int, list[int]]] = []
+    cur: list[int] = []
+    size = 0
+    for i, (p, n) in enumerate(zip(prompts, lens)):
+        if cur and prompts[cur[0]] == p and size + n <= max_len:
+            cur.append(i)
+            size += n
+            continue
+        if cur:
+            rows.append((len(prompts[cur[0]]), cur))
+        cur, size = [i], len(p) + n
+    if cur:
+        rows.append((len(prompts[cur[0]]), cur))
+    return rows
+
+
+def collate_packed(batch: TrainBatch, rows: Optional[range] = None, pad_id: int = 0, max_len: int = 512,
+                   mask_dtype: torch.dtype = torch.float32) -> Collated:
+    """Pack rows ``rows`` (default all) of ``batch``; the per-token tensors are laid out as in
+    :func:`grpo_dist.learner.batching.collate` (``[B, C]``, column j = completion token j)."""
+    from .batching import collate
+
+    rows = range(len(batch)) if rows is None else rows
+    padded = collate(batch, rows, pad_id)  # the per-completion tensors (and the input checks)
+    prompts = [tuple(batch.prompt_ids[i]) for i in rows]
+    comps = [list(batch.completion_ids[i]) for i in rows]
+    plan = plan_rows(prompts, [len(c) for c in comps], max_len)
+    L = max(n + sum(len(comps[b]) for b in members) for n, members in plan)
+    R, B, C = len(plan), len(comps), padded.index.shape[1]
+
+    input_ids = torch.full((R, L), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((R, L), dtype=torch.long)
+    # segment of each position: 0 = prompt, k >= 1 = the k-th completion, -1 - q = padding at q
+    seg = torch.full((R, L), 0, dtype=torch.long) - 1 - torch.arange(L)
+    row_of = torch.zeros(B, dtype=torch.long)
+    first_pos = torch.zeros(B, dtype=torch.long)  # the prompt's last position (predicts token 0)
+    first_tok = torch.zeros(B, dtype=torch.long)
+    index = torch.zeros((B, C), dtype=torch.long)  # window column (logits[:, :-1]) predicting token j
+    for r, (n, members) in enumerate(plan):
+        p = prompts[members[0]]
+        input_ids[r, :n] = torch.tensor(p, dtype=torch.long)
+        position_ids[r, :n] = torch.arange(n)
+        seg[r, :n] = 0
+        off = n
+        for k, b in enumerate(members, start=1):
+            c = comps[b]
+            m = len(c)
+            row_of[b], first_pos[b] = r, n - 1
+            if m == 0:
+                continue
+            input_ids[r, off:off + m] = torch.tensor(c, dtype=torch.long)
+            position_ids[r, off:off + m] = torch.arange(n, n + m)
+            seg[r, off:off + m] = k
+            first_tok[b] = c[0]
+            index[b, :m] = torch.arange(off - 1, off - 1 + m)
+            index[b, 0] = n - 1  # (logits at the prompt end; replaced by first_logp below anyway)
+            off += m
+
+    q = torch.arange(L)
+    causal = q[None, :] <= q[:, None]  # [L(query), L(key)]
+    sees = (seg[:, None, :] == seg[:, :, None]) | ((seg[:, None, :] == 0) & (seg[:, :, None] >= 0))
+    allowed = causal[None] & sees  # [R, Lq, Lk]; padding sees itself only (no empty softmax row)
+    neg = torch.finfo(mask_dtype).min
+    attn = torch.zeros((R, 1, L, L), dtype=mask_dtype).masked_fill_(~allowed[:, None], neg)
+
+    return Collated(input_ids, attn, 0, index, padded.mask, padded.valid, padded.advantages,
+                    padded.behaviour_logp, padded.lengths, position_ids=position_ids, row=row_of,
+                    first_pos=first_pos, first_tok=first_tok)
+
+
+def packed_token_values(logits: torch.Tensor, mb: Collated, entropy: bool = False):
+    """Per-completion-token log-probs ``[B, C]`` (and entropies, no grad) from packed logits
+    ``[R, L, V]`` (already temperature-scaled); 0 where not valid."""
+    window = logits[:, :-1]
+    win_lp = selective_log_softmax(window, mb.input_ids[:, 1:])  # [R, L-1]: each position's next token
+    ends = logits[mb.row, mb.first_pos]  # [B, V]: the prompt end of each completion's row
+    first = selective_log_softmax(ends, mb.first_tok)  # [B]
+    logp = _per_completion(win_lp, first, mb)
+    ent = None
+    if entropy:
+        with torch.no_grad():
+            ent = _per_completion(entropy_from_logits(window.detach()), entropy_from_logits(ends.detach()), mb)
+    return logp, ent
+
+
+def _per_completion(per_pos: torch.Tensor, first: torch.Tensor, mb: Collated) -> torch.Tensor:
+    out = per_pos[mb.row].gather(1, mb.index)  # [B, C]
+    col0 = torch.zeros_like(out, dtype=torch.bool)
+    col0[:, 0] = True
+    out = torch.where(col0, first[:, None].to(out.dtype), out)
+    return torch.where(mb.valid, out, torch.zeros((), dtype=out.dtype, device=out.device))
+
+
+def check_packing(learner, model_config) -> tuple[int, str]:
+    """``learner.packing: auto``: the ``Learner``'s packed row length if the packed layout gives this model's
+    padded log-probs, else 0; and the line saying so. A probe batch (2 prompts x 3 completions
+    of random tokens) goes through both layouts and through a wrong one (packed, plain causal
+    mask: completions see each other): packing stays on if its difference from the padded
+    log-probs is within 1e-3 or a tenth of the wrong layout's. Every rank decides alike."""
+    cfg = learner.cfg.learner
+    if cfg.packing == "off":
+        return 0, "learner: packing off (learner.packing: off)"
+    length = int(cfg.pack_max_len or getattr(model_config, "hidden_size", 0) or 512)
+    vocab = int(getattr(model_config, "vocab_size", 0) or 32)
+    g = torch.Generator().manual_seed(0)
+
+    def toks(n: int) -> list[int]:
+        return torch.randint(min(4, vocab - 1), vocab, (n,), generator=g).tolist()
+
+    prompts = [toks(3), toks(5)]
+    comps = [toks(n) for n in (4, 1, 6, 3, 5, 2)]
+    probe = TrainBatch(prompt_ids=[prompts[i // 3] for i in range(6)], completion_ids=comps,
+                       behaviour_logprobs=[], advantages=[0.0] * 6)
+    learner._pack_len = length
+    try:
+        padded = learner._logprobs_nograd(learner._collate(probe, packed=False))
+        mb = learner._collate(probe, packed=True)
+        packed = learner._logprobs_nograd(mb)
+        causal = torch.triu(torch.full_like(mb.attention_mask[0, 0], torch.finfo(learner._mask_dtype).min), 1)
+        mb.attention_mask = causal.expand_as(mb.attention_mask).contiguous()
+        wrong = learner._logprobs_nograd(mb)
+        d, d_wrong = float((packed - padded).abs().max()), float((wrong - padded).abs().max())
+        error = ""
+    except Exception as e:  # an attention implementation that refuses 4-D masks or position ids
+        d, d_wrong, error = float("inf"), 0.0, f"{type(e).__name__}: {e}"
+    finally:
+        learner._pack_len = 0
+    ok = d <= max(1e-3, 0.1 * d_wrong)
+    if learner.world_size > 1:
+        ok = all_reduce_floats([0.0 if ok else 1.0], "max")[0] == 0.0
+    if ok:
+        return length, (f"learner: group packing on (rows of <= {length} tokens; probe: max |logp packed - "
+                        f"padded| {d:.1e}, wrong mask {d_wrong:.1e})")
+    why = error or f"max |logp packed - padded| {d:.1e} vs {d_wrong:.1e} with a wrong mask"
+    return 0, (f"learner: group packing off: the model's attention "
+               f"({getattr(model_config, '_attn_implementation', '?')}) does not give the padded log-probs "
+               f"with a 4-D mask ({why}); set learner.packing: off to skip this check")
