@@ -49,7 +49,9 @@ def config(model_dir, out, **over):
         "lora": {"dropout": 0.0},
         "trainer": {"steps": 3, "eval_before_after": False},
         "checkpoint": {"every": 2, "keep": 2}, "logging": {"wandb_mode": "disabled", "progress": False},
-        "cluster": {"num_cpus": 2, "learner_cpus": 0.5, "rollout_cpus": 0.5, "reward_cpus": 0.25},
+        # torch_threads auto: 2 CPUs / 2 learner ranks on the node = 1 thread each (checked below)
+        "cluster": {"num_cpus": 2, "learner_cpus": 0.5, "rollout_cpus": 0.5, "reward_cpus": 0.25,
+                    "torch_threads": "auto"},
     }
     for k, v in over.items():
         base[k] = {**base.get(k, {}), **v}
@@ -62,7 +64,8 @@ def run(cfg):
     trainer = Trainer(cfg)
     trainer.monitor = rec = Recorder(trainer)
     try:
-        trainer.setup()
+        info = trainer.setup()
+        assert [r["torch_threads"] for r in info["learner"]] == [1] * cfg.learner.num_learners
         start = trainer.step
         trainer.run()
     finally:
