@@ -114,6 +114,10 @@ class RolloutConfig(Section):
         "auto", description="How engines serve a LoRA version: lora = as an adapter (vLLM LoRA kernels); merged = "
         "the worker merges it into the base weights and reloads them in place (CPU: ~3x faster generation); auto = "
         "merged on CPU engines (cluster.rollout_gpus 0), lora on GPUs. The choice is logged at start.")
+    streaming: bool = Field(False, description="Streaming pipeline (vLLM only): each rollout actor runs vLLM's async "
+                            "engine and takes one request per group continuously, groups go to the engine with the fewest "
+                            "outstanding groups, each finished group to a reward actor at once, scored groups wait in a "
+                            "bounded buffer (grpo_dist/cluster/stream.py). false: batches of prompts per engine.")
 
     @field_validator("group_size")
     @classmethod
@@ -121,6 +125,12 @@ class RolloutConfig(Section):
         if v < 2:
             raise ValueError("must be >= 2: group-relative advantages need at least two completions")
         return v
+
+    @model_validator(mode="after")
+    def _streaming(self):
+        if self.streaming and self.backend != "vllm":
+            raise ValueError("rollout.streaming needs rollout.backend vllm (its async engine)")
+        return self
 
 
 class RewardFnConfig(Section):

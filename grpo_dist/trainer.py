@@ -28,6 +28,7 @@ from grpo_dist.config import Config
 from grpo_dist.data import PromptStream
 from grpo_dist.devices import choices
 from grpo_dist.cluster.pipeline import RolloutPipeline
+from grpo_dist.cluster.stream import StreamPipeline
 from grpo_dist.rollout.worker import sleeps_while_learning
 from grpo_dist.evaluation import eval_metrics, evaluate
 from grpo_dist.monitor import Monitor, StepTimer, non_finite
@@ -70,8 +71,12 @@ class Trainer:
             print(line, flush=True)
         self.workers, info = start_workers(cfg)
         self.recovery = Recovery(cfg, self.workers, lambda: self._export() if self.version > 0 else None)
-        self.pipeline = RolloutPipeline(self.workers.rollout, self.recovery, cfg.rollout.generate_timeout_s,
-                                        chunk=cfg.trainer.dispatch_chunk)
+        if cfg.rollout.streaming:  # one request per group, each scored as soon as it is generated
+            self.pipeline = StreamPipeline(self.workers.rollout, self.workers.reward, self.recovery,
+                                           cfg.rollout.generate_timeout_s, cfg.rollout.prompts_per_step * (self.depth + 1))
+        else:
+            self.pipeline = RolloutPipeline(self.workers.rollout, self.recovery, cfg.rollout.generate_timeout_s,
+                                            chunk=cfg.trainer.dispatch_chunk)
         if cfg.checkpoint.resume:
             self.step, run_state, path = checkpoint.restore(cfg, self.workers, self.stream)
             if path is not None:
@@ -100,8 +105,9 @@ class Trainer:
             else:
                 with t("generate"):
                     groups = self.pipeline.generate(self.step + 1, *self._draw(want - len(kept), self.step + 1))
-            with t("score"):
-                scores = self.recovery.run(dispatch.score, w.reward, groups)
+            with t("score"):  # streaming: scored as each group finished
+                scores = (self.pipeline.score(groups) if cfg.rollout.streaming
+                          else self.recovery.run(dispatch.score, w.reward, groups))
             seen += len(groups)
             for k, v in scores.errors.items():
                 errors[k] = errors.get(k, 0) + v

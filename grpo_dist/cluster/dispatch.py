@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_dist.cluster.ray_utils import ActorGroup
+from grpo_dist.reward.worker import score_inputs
 from grpo_dist.types import RewardResult, RolloutGroup
 
 
@@ -84,13 +85,12 @@ def score(reward: ActorGroup, groups: list[RolloutGroup], functions: list[str] |
         if not s:
             continue
         ranks.append(i)
-        cols: dict[str, list] = {}
-        keys = sorted({k for r in s for k in r.columns})
-        for k in keys:
-            cols[k] = [r.columns.get(k) for r in s]
-        cols["completion_ids"] = [r.completion_ids for r in s]
-        refs.append(a.score.remote([r.prompt for r in s], [r.completion for r in s], cols, functions))
-    parts: list[RewardResult] = reward.get(refs, ranks=ranks)
+        refs.append(a.score.remote(*score_inputs(s), functions))
+    return merge_scores(reward.get(refs, ranks=ranks))
+
+
+def merge_scores(parts: list[RewardResult]) -> RewardResult:
+    """Reward results of consecutive completions as one (tracebacks: the first of each function)."""
     total, per_fn, errors, tracebacks = [], {}, {}, {}
     for p in parts:
         total.extend(p.total)

@@ -153,8 +153,12 @@ class RolloutPipeline:
             except ClusterError as e:
                 self.recovery.handle(e)
                 continue
-            if r["version"] != ld.version:
+            if not self._loaded(r["version"], ld.version):
                 raise ClusterError(f"rollout worker {ld.rank} loaded version {r['version']}, expected {ld.version}",
                                    "rollout", ld.rank)
             done.append(r)
         return done
+
+    def _loaded(self, got: int, sent: int) -> bool:
+        """Whether an engine that answered ``got`` to the load of ``sent`` loaded it."""
+        return got == sent

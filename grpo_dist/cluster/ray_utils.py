@@ -84,14 +84,17 @@ class ActorGroup:
     @classmethod
     def create(cls, role: str, worker_cls: type, args_per_rank: Sequence[tuple], *, spec: "ActorSpec",
                placement: Optional["Placement"] = None, max_concurrency: int = 1,
-               timeout: Optional[float] = None) -> "ActorGroup":
+               timeout: Optional[float] = None, out_of_order: bool = False) -> "ActorGroup":
         """``args_per_rank[i]``: constructor arguments of rank i, placed in bundle i of the role's
-        placement group (when ``placement`` is given)."""
+        placement group (when ``placement`` is given). ``out_of_order``: a call runs as soon as its
+        arguments are ready, not after every call submitted before it (still one at a time)."""
         remote_cls = ray.remote(worker_cls)
         args_per_rank = list(args_per_rank)
 
         def factory(rank: int):
             opts: dict[str, Any] = dict(num_cpus=spec.num_cpus, num_gpus=spec.num_gpus, max_concurrency=max_concurrency)
+            if out_of_order:
+                opts["allow_out_of_order_execution"] = True
             if spec.resources:
                 opts["resources"] = dict(spec.resources)
             if placement is not None:

@@ -37,7 +37,7 @@ from grpo_dist.config import RewardConfig
 from grpo_dist.reward.registry import NamedReward, build_reward_fns
 from grpo_dist.types import RewardResult
 
-__all__ = ["RewardWorker"]
+__all__ = ["RewardWorker", "score_inputs"]
 
 logger = logging.getLogger("grpo_dist.reward")
 
@@ -51,6 +51,14 @@ class _Failure(Exception):
         self.reason, self.exc, self.detail = reason, exc, detail
 
 
+def score_inputs(rollouts: list) -> tuple[list, list, dict[str, list]]:
+    """``RewardWorker.score``'s prompts, completions and columns (dataset columns and
+    ``completion_ids``, one value per completion) for a list of ``Rollout``s."""
+    cols = {k: [r.columns.get(k) for r in rollouts] for k in sorted({k for r in rollouts for k in r.columns})}
+    cols["completion_ids"] = [r.completion_ids for r in rollouts]
+    return [r.prompt for r in rollouts], [r.completion for r in rollouts], cols
+
+
 class RewardWorker:
     """Holds the resolved reward functions of ``cfg`` and scores flat lists of completions."""
 
@@ -60,6 +68,11 @@ class RewardWorker:
         self._abandoned: dict[str, threading.Thread] = {}
         self._traced: set[str] = set()
         self._new_tracebacks: dict[str, str] = {}  # first tracebacks found by the current score call
+
+    def score_group(self, generated: tuple, functions: list[str] | None = None) -> tuple[RewardResult, float]:
+        """One group as the streaming pipeline hands it over (``(RolloutGroup, finish time)``,
+        straight from the rollout actor): its scores and the wall time they were ready."""
+        return self.score(*score_inputs(generated[0].rollouts), functions=functions), time.time()
 
     def names(self) -> list[str]:
         """Function names in config order (the keys of ``per_function`` and ``errors``)."""

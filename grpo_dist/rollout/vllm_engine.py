@@ -8,6 +8,7 @@ learner recomputes as ``log_softmax(logits / T)``. LoRA versions are served with
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -78,31 +79,54 @@ def supported_lora_rank(r: int) -> int:
     raise ValueError(f"lora.r {r} exceeds vLLM's largest max_lora_rank {_LORA_RANKS[-1]}")
 
 
-class VLLMGenerator(Generator):
-    def __init__(self, model_path: str, *, dtype: str = "float32", max_model_len: int = 256,
-                 enable_lora: bool = True, lora_rank: int = 8, max_loras: int = 1, seed: int = 0,
-                 enforce_eager: bool = True, gpu_memory_utilization: float = 0.3,
-                 cpu_kvcache_gb: int | None = None, trust_remote_code: bool = False,
-                 enable_sleep_mode: bool = False):
-        import torch
+def engine_kwargs(model_path: str, *, dtype: str = "float32", max_model_len: int = 256,
+                  enable_lora: bool = True, lora_rank: int = 8, max_loras: int = 1, seed: int = 0,
+                  enforce_eager: bool = True, gpu_memory_utilization: float = 0.3,
+                  cpu_kvcache_gb: int | None = None, trust_remote_code: bool = False,
+                  enable_sleep_mode: bool = False, max_cpu_loras: int | None = None) -> dict:
+    """vLLM engine arguments (``LLM(**kw)`` or ``AsyncEngineArgs(**kw)``); sets the CPU build's
+    KV-cache variable and, without LoRA, quiets the per-reload warnings. ``max_cpu_loras``:
+    adapters kept loaded in host memory (default ``max_loras``); one evicted there is read again
+    from its directory."""
+    import torch
 
-        cpu_kvcache_space(cpu_kvcache_gb)  # read by the CPU build only
-        if not enable_lora:  # merged or full weights: reloaded in place every version
-            quiet_reload_warnings()
+    cpu_kvcache_space(cpu_kvcache_gb)  # read by the CPU build only
+    if not enable_lora:  # merged or full weights: reloaded in place every version
+        quiet_reload_warnings()
+    kwargs = dict(
+        model=model_path, tokenizer=model_path, dtype=dtype, max_model_len=max_model_len,
+        seed=seed, enforce_eager=enforce_eager, trust_remote_code=trust_remote_code,
+        logprobs_mode="processed_logprobs", max_logprobs=1,
+    )
+    if torch.cuda.is_available():
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    if enable_sleep_mode:  # colocated on GPU (sleep/wake_up below); not in the CPU build
+        kwargs["enable_sleep_mode"] = True
+    if enable_lora:
+        kwargs.update(enable_lora=True, max_lora_rank=supported_lora_rank(lora_rank),
+                      max_loras=max_loras, max_cpu_loras=max(max_loras, max_cpu_loras or 0))
+    return kwargs
+
+
+def sampling_params(spec: SamplingSpec, n: int, seed: int | None):
+    from vllm import SamplingParams
+
+    return SamplingParams(n=n, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
+                          max_tokens=spec.max_tokens, stop=list(spec.stop) or None, logprobs=0, seed=seed)
+
+
+def to_sample(c) -> Sample:
+    """One vLLM ``CompletionOutput`` as a Sample (the sampled tokens' processed log-probs)."""
+    ids = list(c.token_ids)
+    lps = [float(step[tok].logprob) for step, tok in zip(c.logprobs or [], ids)]
+    return Sample(token_ids=ids, text=c.text, logprobs=lps, finish_reason="length" if c.finish_reason == "length" else "stop")
+
+
+class VLLMGenerator(Generator):
+    def __init__(self, model_path: str, *, enable_lora: bool = True, **kw):
         from vllm import LLM
 
-        kwargs = dict(
-            model=model_path, tokenizer=model_path, dtype=dtype, max_model_len=max_model_len,
-            seed=seed, enforce_eager=enforce_eager, trust_remote_code=trust_remote_code,
-            logprobs_mode="processed_logprobs", max_logprobs=1,
-        )
-        if torch.cuda.is_available():
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        if enable_sleep_mode:  # colocated on GPU (sleep/wake_up below); not in the CPU build
-            kwargs["enable_sleep_mode"] = True
-        if enable_lora:
-            kwargs.update(enable_lora=True, max_lora_rank=supported_lora_rank(lora_rank),
-                          max_loras=max_loras, max_cpu_loras=max_loras)
+        kwargs = engine_kwargs(model_path, enable_lora=enable_lora, **kw)
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self._lora = None  # the LoRARequest being served
@@ -110,13 +134,9 @@ class VLLMGenerator(Generator):
 
     def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec,
                  seeds: list[list[int]] | None = None) -> list[list[Sample]]:
-        from vllm import SamplingParams, TokensPrompt
+        from vllm import TokensPrompt
 
-        def params(n: int, seed: int | None) -> SamplingParams:
-            return SamplingParams(
-                n=n, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
-                max_tokens=spec.max_tokens, stop=list(spec.stop) or None, logprobs=0, seed=seed)
-
+        params = functools.partial(sampling_params, spec)
         prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids]
         if seeds is None:
             outs = self.llm.generate(prompts, params(spec.n, spec.seed), use_tqdm=False, lora_request=self._lora)
@@ -129,16 +149,7 @@ class VLLMGenerator(Generator):
             for ss in seeds:
                 per_prompt.append([o.outputs[0] for o in outs[i:i + len(ss)]])
                 i += len(ss)
-        result = []
-        for outputs in per_prompt:
-            samples = []
-            for c in outputs:
-                ids = list(c.token_ids)
-                lps = [float(step[tok].logprob) for step, tok in zip(c.logprobs or [], ids)]
-                samples.append(Sample(token_ids=ids, text=c.text, logprobs=lps,
-                                      finish_reason="length" if c.finish_reason == "length" else "stop"))
-            result.append(samples)
-        return result
+        return [[to_sample(c) for c in outputs] for outputs in per_prompt]
 
     def set_adapter(self, version: int, path: str | None) -> None:
         from vllm.lora.request import LoRARequest

@@ -1,0 +1,91 @@
+"""StreamingRolloutWorker: a RolloutWorker whose engine is vLLM's async engine (``rollout.streaming``).
+
+Wrapped as an *async* Ray actor (``grpo_dist.cluster.actors``): its calls run concurrently, one
+:meth:`generate_group` per prompt group, weight loads among them. Tokenisation, merging and
+the adapter store are RolloutWorker's; the engine is :class:`AsyncVLLMGenerator`. Ray runs an
+async actor's calls out of order, so a group names the oldest version it may run with
+(``min_version``) and a load older than the version already held is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from grpo_dist.rollout.seeds import SeedKey
+from grpo_dist.rollout.worker import RolloutWorker
+from grpo_dist.types import AdapterUpdate, RolloutGroup
+
+
+def resident_versions(cfg) -> int:
+    """LoRA versions an engine may serve at once: groups up to ``trainer.max_staleness`` versions
+    old still running, the newest, and one being loaded. They all stay loaded in the engine and
+    their directories in the store (vLLM reads an evicted adapter again from its directory)."""
+    return max(cfg.rollout.max_loras, cfg.sync.keep_versions, int(cfg.trainer.max_staleness) + 2)
+
+
+class StreamingRolloutWorker(RolloutWorker):
+    _lock: asyncio.Lock | None = None
+
+    def setup(self, *args, **kwargs) -> dict[str, Any]:
+        info = super().setup(*args, **kwargs)
+        if getattr(self.engine, "enable_lora", False):  # versions coexist (merged/full: one at a time, drained)
+            self.store.keep = resident_versions(self.cfg)
+        return info
+
+    def _loads(self) -> asyncio.Lock:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    async def generate_group(self, record: Any, key: SeedKey | None, min_version: int = 0) -> tuple[RolloutGroup, float]:
+        """One prompt's group, with the wall time it finished (``time.time()``)."""
+        assert self.engine is not None, "call setup() first"
+        spec, seeds, ids = self._prepare([record], None, None, None, None if key is None else [key])
+        samples, version = await self.engine.generate_group(ids[0], spec, None if seeds is None else seeds[0], min_version)
+        return self._group(record, ids[0], samples, version), time.time()
+
+    async def generate(self, prompts: list[Any], n: int | None = None, temperature: float | None = None,
+                       seed: int | None = None, keys: list[SeedKey] | None = None) -> list[RolloutGroup]:
+        """RolloutWorker.generate's contract (evaluation, refills): the groups run concurrently."""
+        assert self.engine is not None, "call setup() first"
+        spec, seeds, ids = self._prepare(prompts, n, temperature, seed, keys)
+        outs = await asyncio.gather(*[self.engine.generate_group(pids, spec, None if seeds is None else seeds[i])
+                                      for i, pids in enumerate(ids)])
+        return [self._group(rec, pids, samples, version) for rec, pids, (samples, version) in zip(prompts, ids, outs)]
+
+    async def load_update(self, payload: object) -> dict[str, float]:
+        """Serve version v+1 to the groups started from now on (in-flight ones finish with theirs)."""
+        t0 = time.perf_counter()
+        async with self._loads():
+            current = self.version
+            update = self.transport.receive(payload)
+            if update.version <= current and current > 0:  # a newer load overtook this one
+                return {"version": current, "bytes": update.nbytes, "seconds": 0.0, "skipped": 1.0}
+            update, path, nbytes = await asyncio.to_thread(self._store_update, update)
+            await self._serve(update.version, str(path), update.is_lora)
+        return {"version": update.version, "bytes": nbytes, "seconds": time.perf_counter() - t0}
+
+    async def _serve(self, version: int, path: str | None, is_lora: bool) -> None:
+        if is_lora:
+            await self.engine.set_adapter(version, path)
+        else:
+            await self.engine.load_full_weights(path, version)
+        self.version = version
+
+    async def load_adapter_dir(self, path: str | None, version: int) -> dict[str, Any]:
+        """Serve a PEFT adapter directory from disk as ``version`` (None: the base model)."""
+        async with self._loads():
+            if self.merger is None:
+                await self._serve(version, path, True)
+            else:
+                from grpo_dist.sync.merge import read_adapter_dir
+
+                tensors, peft_config = read_adapter_dir(path) if path is not None else (None, None)
+                merged = AdapterUpdate(version, self.merger.merged(tensors, peft_config, partial=True), None)
+                await self._serve(version, str(self.store.write(merged)), False)
+        return {"version": version}
+
+    def sleep(self) -> bool:
+        return False
