@@ -39,7 +39,8 @@ MODELS = {
               "--model.max_model_len", "128", "--lora.r", "8", "--lora.alpha", "16",
               "--lora.target_modules", '["q_proj", "k_proj", "v_proj", "o_proj"]', "--rollout.prompts_per_step", "8",
               "--rollout.group_size", "8", "--rollout.max_tokens", "32", "--algo.beta", "0.04",
-              "--learner.lr", "1e-4", "--learner.warmup_steps", "0", "--learner.micro_batch_size", "64"],
+              "--learner.lr", "1e-4", "--learner.warmup_steps", "0", "--learner.micro_batch_size", "64",
+              "--cluster.torch_threads", "auto"],  # the default (configs/tiny_cpu.yaml pins 1 for the demo)
 }
 
 

@@ -80,6 +80,32 @@ def torch_threads(cfg: Config, role: str, peers_on_node: int = 1, node_cpus: Opt
                f"{peers_on_node} {role} rank(s) there")
 
 
+BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def engine_cpus(cfg: Config, index_on_node: int, engines_on_node: int, learners_on_node: int,
+                cpus: list[int]) -> tuple[Optional[str], str]:
+    """The CPUs a vLLM CPU engine binds its OpenMP threads to (``VLLM_CPU_OMP_THREADS_BIND``), or
+    None to leave vLLM's own choice; and why. vLLM's ``auto`` binds *every* engine of a node to the
+    same cores (NUMA node 0 less a reserved CPU): two engines on 2 cores both ran on core 0 while
+    core 1 idled. Here engine i of n on a node gets the i-th of n disjoint slices of ``cpus``;
+    with generation overlapping the update (``trainer.max_staleness`` >= 1), the learner ranks on
+    the node keep their threads' worth of cores first. An exported variable wins."""
+    if cfg.rollout.backend != "vllm" or cfg.cluster.rollout_gpus > 0:
+        return None, "not a vLLM CPU engine"
+    if os.environ.get(BIND_ENV):
+        return None, f"{BIND_ENV}={os.environ[BIND_ENV]} exported"
+    free = sorted(cpus)
+    if cfg.trainer.max_staleness != 0 and learners_on_node:
+        keep = torch_threads(cfg, "learner", learners_on_node)[0] * learners_on_node
+        if len(free) - keep >= engines_on_node:
+            free = free[:len(free) - keep]
+    per = len(free) // max(1, engines_on_node)
+    mine = free[index_on_node * per:(index_on_node + 1) * per] if per else [free[index_on_node % len(free)]]
+    return ",".join(map(str, mine)), (f"engine {index_on_node + 1} of {engines_on_node} on its node, "
+                                      f"{len(free)} of the node's {len(cpus)} CPUs for engines")
+
+
 def choices(cfg: Config) -> list[str]:
     """The defaults chosen for this machine and config, one line each, printed at start."""
     mode, why = adapter_mode(cfg)

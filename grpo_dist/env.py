@@ -37,5 +37,5 @@ def setup_env() -> dict[str, str]:
     # The hub is reachable unless the user exports HF_HUB_OFFLINE=1 (the tests do); the HF
     # settings the user exported travel to the workers (not HF_TOKEN: workers read their node's login).
     hf = ["HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HF_HUB_CACHE", "HF_ENDPOINT"]
-    keys = list(defaults) + ["VLLM_CPU_KVCACHE_SPACE", "WANDB_MODE", "WANDB_DIR", "GRPO_DIST_CACHE"] + hf
+    keys = list(defaults) + ["VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "WANDB_MODE", "WANDB_DIR", "GRPO_DIST_CACHE"] + hf
     return {k: os.environ[k] for k in keys if k in os.environ}

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from grpo_dist.config import ConfigError, config_from_dict, load_config
-from grpo_dist.devices import check_devices, learner_on_gpu, torch_threads
+from grpo_dist.devices import check_devices, engine_cpus, learner_on_gpu, torch_threads
 from grpo_dist.learner import state
 from grpo_dist.learner.state import MetricAccumulator, collective_device
 from grpo_dist.rollout import vllm_engine
@@ -33,6 +33,29 @@ def test_torch_threads_auto(over, role, peers, expect):
     assert cfg.cluster.torch_threads == over.get("cluster", {}).get("torch_threads", "auto")
     n, why = torch_threads(cfg, role, peers, node_cpus=8)
     assert n == expect and why
+
+
+@pytest.mark.parametrize("over,index,engines,learners,cpus,expect", [
+    ({}, 0, 1, 1, [0, 1], "0,1"),  # on-policy: the roles take turns, the one engine gets the node
+    ({}, 0, 2, 1, [0, 1], "0"),  # two engines: disjoint cores (vLLM's auto put both on core 0)
+    ({}, 1, 2, 1, [0, 1], "1"),
+    ({}, 2, 3, 0, list(range(8)), "4,5"),
+    ({"trainer": {"max_staleness": 1}}, 0, 1, 1, [0, 1], "0"),  # overlapping: the learner keeps a core
+    ({"trainer": {"max_staleness": 1}}, 1, 2, 1, [0, 1], "1"),  # too few CPUs to keep one: shared
+    ({"trainer": {"max_staleness": 1}}, 0, 1, 0, [0, 1], "0,1"),  # no learner on this node
+    ({"rollout": {"backend": "hf"}}, 0, 1, 1, [0, 1], None),
+    ({"cluster": {"rollout_gpus": 1, "learner_gpus": 1}}, 0, 1, 1, [0, 1], None),
+])
+def test_engine_cpus(monkeypatch, over, index, engines, learners, cpus, expect):
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    bind, why = engine_cpus(config_from_dict(over), index, engines, learners, cpus)
+    assert bind == expect and why
+
+
+def test_engine_cpus_exported_variable_wins(monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-3")
+    assert engine_cpus(config_from_dict({}), 0, 2, 0, [0, 1, 2, 3]) == (
+        None, "VLLM_CPU_OMP_THREADS_BIND=0-3 exported")
 
 
 def test_torch_threads_auto_reads_the_local_cluster_size():

@@ -20,7 +20,6 @@ from grpo_dist.config import Config
 from grpo_dist.devices import torch_threads
 from grpo_dist.learner import Learner
 from grpo_dist.reward.worker import RewardWorker
-from grpo_dist.rollout.stream_worker import StreamingRolloutWorker
 from grpo_dist.rollout.worker import RolloutWorker
 
 log = logging.getLogger("grpo_dist.cluster")
@@ -43,10 +42,6 @@ class _Placed:
 
 class RolloutActor(_Placed, RolloutWorker):
     pass
-
-
-class StreamingRolloutActor(_Placed, StreamingRolloutWorker):
-    """An async actor (``rollout.streaming``): one engine, many groups in flight."""
 
 
 class RewardActor(_Placed, RewardWorker):
@@ -93,13 +88,10 @@ class Workers:
 def create_generators(cfg: Config, placement: Optional[Placement] = None) -> tuple[ActorGroup, ActorGroup]:
     """The rollout and reward actor groups (created, not yet set up)."""
     spec = actor_specs(cfg)
-    streaming = cfg.rollout.streaming  # an async actor: its calls run concurrently
-    rollout = ActorGroup.create("rollout", StreamingRolloutActor if streaming else RolloutActor,
-                                [(cfg, i) for i in range(cfg.rollout.num_workers)], spec=spec["rollout"],
-                                placement=placement, max_concurrency=1000 if streaming else 1)
-    # streaming: a group's scoring starts when its generation is done, whatever was submitted before it
+    rollout = ActorGroup.create("rollout", RolloutActor, [(cfg, i) for i in range(cfg.rollout.num_workers)],
+                                spec=spec["rollout"], placement=placement)
     reward = ActorGroup.create("reward", RewardActor, [(cfg.reward,)] * cfg.reward.num_workers,
-                               spec=spec["reward"], placement=placement, out_of_order=streaming)
+                               spec=spec["reward"], placement=placement)
     return rollout, reward
 
 
@@ -112,14 +104,15 @@ def start_learners(cfg: Config, placement: Optional[Placement]) -> tuple[ActorGr
     where = learner.get([learner.actors[0].rendezvous_address.remote()], timeout=c.actor_start_timeout_s,
                         ranks=[0])[0]
     log.info("learner rendezvous at %s:%s (rank 0's node)", where["ip"], where["port"])
-    peers = peers_on_node(learner, c.actor_start_timeout_s)
+    peers = [n for _, n in on_nodes(learner, c.actor_start_timeout_s)[0]]
     return learner, learner.call_each("setup", [(where["ip"], where["port"], n) for n in peers])
 
 
-def peers_on_node(group: ActorGroup, timeout: float) -> list[int]:
-    """For each actor of ``group``: how many of the group's actors share its node."""
+def on_nodes(group: ActorGroup, timeout: float) -> tuple[list[tuple[int, int]], list[str]]:
+    """For each actor of ``group``: (its index among the group's actors on its node, how many
+    share that node); and each actor's node id."""
     nodes = [n["node_id"] for n in group.get(group.call("node_info"), timeout=timeout)]
-    return [nodes.count(n) for n in nodes]
+    return [(nodes[:i].count(n), nodes.count(n)) for i, n in enumerate(nodes)], nodes
 
 
 def start_workers(cfg: Config) -> tuple[Workers, dict]:
@@ -131,7 +124,10 @@ def start_workers(cfg: Config) -> tuple[Workers, dict]:
         rollout, reward = create_generators(cfg, placement)
         learner, l_refs = start_learners(cfg, placement)
         workers = Workers(rollout, reward, learner, placement)
-        r_refs = rollout.call_each("setup", [(n,) for n in peers_on_node(rollout, t)])
+        engines, nodes = on_nodes(rollout, t)
+        learner_nodes = on_nodes(learner, t)[1]
+        r_refs = rollout.call_each("setup", [(n, i, learner_nodes.count(node))
+                                             for (i, n), node in zip(engines, nodes)])
         w_refs = reward.call("names")
         info = {"rollout": rollout.get(r_refs, timeout=t), "learner": learner.get(l_refs, timeout=t),
                 "reward": reward.get(w_refs, timeout=t)}

@@ -52,6 +52,20 @@ class Recovery:
         log.warning("%s -- replacing it (restart %d of %d) and re-issuing its work", e, self.restarts, limit)
         self.replace(e.role, e.rank)
 
+    def _engine_place(self, rank: int) -> tuple[int, int, int]:
+        """Rollout engine ``rank``'s (engines on its node, its index there, learner ranks there),
+        as ``start_workers`` passes them to ``setup`` (the CPUs it binds); (1, 0, 0) if unknown."""
+        from grpo_dist.cluster.actors import on_nodes
+
+        try:
+            timeout = self.cfg.cluster.actor_start_timeout_s
+            engines, nodes = on_nodes(self.workers.rollout, timeout)
+            (index, count), node = engines[rank], nodes[rank]
+            return count, index, on_nodes(self.workers.learner, timeout)[1].count(node)
+        except Exception as e:  # another actor down too: the engine binds to all its node's CPUs
+            log.warning("placing rollout engine %d's CPUs: %s", rank, e)
+            return 1, 0, 0
+
     def replace(self, role: str, rank: int) -> None:
         w, timeout = self.workers, self.cfg.cluster.actor_start_timeout_s
         group = w.rollout if role == "rollout" else w.reward
@@ -59,7 +73,7 @@ class Recovery:
         if role == "reward":
             group.get([actor.names.remote()], timeout=timeout, ranks=[rank])
             return
-        group.get([actor.setup.remote()], timeout=timeout, ranks=[rank])
+        group.get([actor.setup.remote(*self._engine_place(rank))], timeout=timeout, ranks=[rank])
         update = self.latest_update()
         if update is not None:
             group.get([actor.load_update.remote(update)], timeout=timeout, ranks=[rank])

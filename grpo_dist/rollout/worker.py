@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from grpo_dist.config import Config
-from grpo_dist.devices import adapter_mode, torch_threads
+from grpo_dist.devices import BIND_ENV, adapter_mode, engine_cpus, torch_threads
 from grpo_dist.rollout.base import Generator, SamplingSpec
 from grpo_dist.rollout.seeds import SeedKey, sample_seeds
 from grpo_dist.sync import AdapterStore, make_transport
@@ -26,17 +26,11 @@ def make_generator(cfg: Config, seed: int) -> Generator:
     if cfg.rollout.backend == "vllm":
         from grpo_dist.rollout.vllm_engine import VLLMGenerator
 
-        engine_cls, extra = VLLMGenerator, {}
-        if cfg.rollout.streaming:  # vLLM's async engine (grpo_dist/rollout/async_vllm.py)
-            from grpo_dist.rollout.async_vllm import AsyncVLLMGenerator as engine_cls
-            from grpo_dist.rollout.stream_worker import resident_versions
-
-            extra = {"max_cpu_loras": resident_versions(cfg)}  # LoRA versions in use at once stay loaded
-        return engine_cls(
+        return VLLMGenerator(
             cfg.model.path, max_model_len=cfg.model.max_model_len, enable_lora=adapter_mode(cfg)[0] == "lora",
             lora_rank=cfg.lora.r, max_loras=cfg.rollout.max_loras, enforce_eager=cfg.rollout.enforce_eager,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, cpu_kvcache_gb=cfg.rollout.cpu_kvcache_gb,
-            enable_sleep_mode=sleeps_while_learning(cfg), **common, **extra)
+            enable_sleep_mode=sleeps_while_learning(cfg), **common)
     from grpo_dist.rollout.hf_engine import HFGenerator
 
     return HFGenerator(cfg.model.path, **common)
@@ -59,11 +53,17 @@ class RolloutWorker:
         self.transport = make_transport(cfg)
 
     # -- lifecycle -------------------------------------------------------------------------
-    def setup(self, peers_on_node: int = 1) -> dict[str, Any]:
+    def setup(self, peers_on_node: int = 1, index_on_node: int = 0, learners_on_node: int = 0) -> dict[str, Any]:
+        import os
+
         import torch
 
-        # the hf backend's threads (a vLLM engine binds its own, VLLM_CPU_OMP_THREADS_BIND)
+        # the hf backend's threads; a vLLM CPU engine binds its own OpenMP threads to these CPUs
         torch.set_num_threads(torch_threads(self.cfg, "rollout", peers_on_node)[0])
+        bind, why = engine_cpus(self.cfg, index_on_node, peers_on_node, learners_on_node,
+                                sorted(os.sched_getaffinity(0)))
+        if bind is not None:
+            os.environ[BIND_ENV] = bind  # read by the engine process started below
         t0 = time.perf_counter()
         seed = self.cfg.rollout.seed if self.cfg.rollout.seed is not None else self.cfg.trainer.seed
         self.engine = make_generator(self.cfg, seed=seed + 1000 * self.rank)
@@ -75,7 +75,7 @@ class RolloutWorker:
             from grpo_dist.hub import local_model_dir
 
             self.merger = LoraMerger(local_model_dir(self.cfg.model.path))
-        return {"rank": self.rank, "backend": self.cfg.rollout.backend, "adapter_mode": mode,
+        return {"rank": self.rank, "backend": self.cfg.rollout.backend, "adapter_mode": mode, "cpus": bind or why,
                 "startup_s": time.perf_counter() - t0}
 
     def ready(self) -> bool:
@@ -101,12 +101,6 @@ class RolloutWorker:
         the seed ``sample_seed(*keys[i], j)``; without keys, ``seed`` stands for the keys
         ``(seed, 0, record id)``; with neither, the engine's own random stream is used."""
         assert self.engine is not None, "call setup() first"
-        spec, seeds, ids = self._prepare(prompts, n, temperature, seed, keys)
-        samples = self.engine.generate(ids, spec, seeds=seeds)
-        return [self._group(rec, pids, outs, self.version) for rec, pids, outs in zip(prompts, ids, samples)]
-
-    def _prepare(self, prompts, n, temperature, seed, keys):
-        """The sampling spec, the per-sample seeds (or None) and the prompt ids of ``generate``."""
         spec = self.sampling_spec(n, temperature, None)
         if spec.greedy:
             spec.n = 1 if n is None else n
@@ -116,21 +110,30 @@ class RolloutWorker:
             raise ValueError(f"{len(keys)} seed keys for {len(prompts)} prompts")
         seeds = sample_seeds(keys, spec.n) if keys is not None and not spec.greedy else None
         add_special = not self.cfg.data.chat_template  # a chat template already holds the BOS
-        return spec, seeds, self.engine.tokenize([p.prompt for p in prompts], add_special_tokens=add_special)
-
-    @staticmethod
-    def _group(rec, pids, outs, version: int) -> RolloutGroup:
-        return RolloutGroup(prompt_id=rec.id, rollouts=[
-            Rollout(prompt_id=rec.id, prompt=rec.prompt, prompt_ids=list(pids), completion=s.text,
-                    completion_ids=s.token_ids, logprobs=s.logprobs, finish_reason=s.finish_reason,
-                    adapter_version=version, columns=dict(rec.columns))
-            for s in outs])
+        ids = self.engine.tokenize([p.prompt for p in prompts], add_special_tokens=add_special)
+        samples = self.engine.generate(ids, spec, seeds=seeds)
+        groups = []
+        for rec, pids, outs in zip(prompts, ids, samples):
+            groups.append(RolloutGroup(prompt_id=rec.id, rollouts=[
+                Rollout(prompt_id=rec.id, prompt=rec.prompt, prompt_ids=list(pids), completion=s.text,
+                        completion_ids=s.token_ids, logprobs=s.logprobs, finish_reason=s.finish_reason,
+                        adapter_version=self.version, columns=dict(rec.columns))
+                for s in outs]))
+        return groups
 
     # -- weight sync -----------------------------------------------------------------------
     def load_update(self, payload: object) -> dict[str, float]:
         """Receive version v+1 (LoRA adapter or full weights) and serve it from now on."""
+        assert self.engine is not None and self.store is not None
         t0 = time.perf_counter()
-        update, path, nbytes = self._store_update(self.transport.receive(payload))
+        update: AdapterUpdate = self.transport.receive(payload)
+        if update.version < self.version:
+            raise ValueError(f"rollout worker {self.rank}: got version {update.version} older than {self.version}")
+        nbytes = update.nbytes  # what was sent (the adapter), not what the engine reloads
+        if update.is_lora and self.merger is not None:
+            update = AdapterUpdate(update.version, self.merger.merged(update.tensors, update.peft_config, partial=True),
+                                   None)
+        path = self.store.write(update)
         asleep, self._asleep = self._asleep, False
         if asleep:  # weights first, then the KV cache: waking both at once is the known OOM
             self.engine.wake_up(["weights"])
@@ -142,18 +145,6 @@ class RolloutWorker:
             self.engine.wake_up(["kv_cache"])
         self.version = update.version
         return {"version": update.version, "bytes": nbytes, "seconds": time.perf_counter() - t0}
-
-    def _store_update(self, update: AdapterUpdate) -> tuple[AdapterUpdate, Any, int]:
-        """Version v+1 (as received) as the engine will load it (merged into the base in merged
-        mode), written to the store: (update, its directory, the bytes sent)."""
-        assert self.engine is not None and self.store is not None
-        if update.version < self.version:
-            raise ValueError(f"rollout worker {self.rank}: got version {update.version} older than {self.version}")
-        nbytes = update.nbytes  # what was sent (the adapter), not what the engine reloads
-        if update.is_lora and self.merger is not None:
-            update = AdapterUpdate(update.version, self.merger.merged(update.tensors, update.peft_config, partial=True),
-                                   None)
-        return update, self.store.write(update), nbytes
 
     def sleep(self) -> bool:
         """Release GPU memory for the colocated learner (no-op unless ``sleeps_while_learning``);
