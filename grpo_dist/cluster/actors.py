@@ -20,6 +20,7 @@ from grpo_dist.config import Config
 from grpo_dist.devices import torch_threads
 from grpo_dist.learner import Learner
 from grpo_dist.reward.worker import RewardWorker
+from grpo_dist.rollout.stream_worker import StreamingRolloutWorker
 from grpo_dist.rollout.worker import RolloutWorker
 
 log = logging.getLogger("grpo_dist.cluster")
@@ -42,6 +43,10 @@ class _Placed:
 
 class RolloutActor(_Placed, RolloutWorker):
     pass
+
+
+class StreamingRolloutActor(_Placed, StreamingRolloutWorker):
+    """An async actor (``rollout.streaming``): one engine, many groups in flight."""
 
 
 class RewardActor(_Placed, RewardWorker):
@@ -88,10 +93,13 @@ class Workers:
 def create_generators(cfg: Config, placement: Optional[Placement] = None) -> tuple[ActorGroup, ActorGroup]:
     """The rollout and reward actor groups (created, not yet set up)."""
     spec = actor_specs(cfg)
-    rollout = ActorGroup.create("rollout", RolloutActor, [(cfg, i) for i in range(cfg.rollout.num_workers)],
-                                spec=spec["rollout"], placement=placement)
+    streaming = cfg.rollout.streaming  # an async actor: its calls run concurrently
+    rollout = ActorGroup.create("rollout", StreamingRolloutActor if streaming else RolloutActor,
+                                [(cfg, i) for i in range(cfg.rollout.num_workers)], spec=spec["rollout"],
+                                placement=placement, max_concurrency=1000 if streaming else 1)
+    # streaming: a group's scoring starts when its generation is done, whatever was submitted before it
     reward = ActorGroup.create("reward", RewardActor, [(cfg.reward,)] * cfg.reward.num_workers,
-                               spec=spec["reward"], placement=placement)
+                               spec=spec["reward"], placement=placement, out_of_order=streaming)
     return rollout, reward
 
 

@@ -26,11 +26,17 @@ def make_generator(cfg: Config, seed: int) -> Generator:
     if cfg.rollout.backend == "vllm":
         from grpo_dist.rollout.vllm_engine import VLLMGenerator
 
-        return VLLMGenerator(
+        engine_cls, extra = VLLMGenerator, {}
+        if cfg.rollout.streaming:  # vLLM's async engine (grpo_dist/rollout/async_vllm.py)
+            from grpo_dist.rollout.async_vllm import AsyncVLLMGenerator as engine_cls
+            from grpo_dist.rollout.stream_worker import resident_versions
+
+            extra = {"max_cpu_loras": resident_versions(cfg)}  # LoRA versions in use at once stay loaded
+        return engine_cls(
             cfg.model.path, max_model_len=cfg.model.max_model_len, enable_lora=adapter_mode(cfg)[0] == "lora",
             lora_rank=cfg.lora.r, max_loras=cfg.rollout.max_loras, enforce_eager=cfg.rollout.enforce_eager,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, cpu_kvcache_gb=cfg.rollout.cpu_kvcache_gb,
-            enable_sleep_mode=sleeps_while_learning(cfg), **common)
+            enable_sleep_mode=sleeps_while_learning(cfg), **common, **extra)
     from grpo_dist.rollout.hf_engine import HFGenerator
 
     return HFGenerator(cfg.model.path, **common)
@@ -101,6 +107,12 @@ class RolloutWorker:
         the seed ``sample_seed(*keys[i], j)``; without keys, ``seed`` stands for the keys
         ``(seed, 0, record id)``; with neither, the engine's own random stream is used."""
         assert self.engine is not None, "call setup() first"
+        spec, seeds, ids = self._prepare(prompts, n, temperature, seed, keys)
+        samples = self.engine.generate(ids, spec, seeds=seeds)
+        return [self._group(rec, pids, outs, self.version) for rec, pids, outs in zip(prompts, ids, samples)]
+
+    def _prepare(self, prompts, n, temperature, seed, keys):
+        """The sampling spec, the per-sample seeds (or None) and the prompt ids of ``generate``."""
         spec = self.sampling_spec(n, temperature, None)
         if spec.greedy:
             spec.n = 1 if n is None else n
@@ -110,30 +122,21 @@ class RolloutWorker:
             raise ValueError(f"{len(keys)} seed keys for {len(prompts)} prompts")
         seeds = sample_seeds(keys, spec.n) if keys is not None and not spec.greedy else None
         add_special = not self.cfg.data.chat_template  # a chat template already holds the BOS
-        ids = self.engine.tokenize([p.prompt for p in prompts], add_special_tokens=add_special)
-        samples = self.engine.generate(ids, spec, seeds=seeds)
-        groups = []
-        for rec, pids, outs in zip(prompts, ids, samples):
-            groups.append(RolloutGroup(prompt_id=rec.id, rollouts=[
-                Rollout(prompt_id=rec.id, prompt=rec.prompt, prompt_ids=list(pids), completion=s.text,
-                        completion_ids=s.token_ids, logprobs=s.logprobs, finish_reason=s.finish_reason,
-                        adapter_version=self.version, columns=dict(rec.columns))
-                for s in outs]))
-        return groups
+        return spec, seeds, self.engine.tokenize([p.prompt for p in prompts], add_special_tokens=add_special)
+
+    @staticmethod
+    def _group(rec, pids, outs, version: int) -> RolloutGroup:
+        return RolloutGroup(prompt_id=rec.id, rollouts=[
+            Rollout(prompt_id=rec.id, prompt=rec.prompt, prompt_ids=list(pids), completion=s.text,
+                    completion_ids=s.token_ids, logprobs=s.logprobs, finish_reason=s.finish_reason,
+                    adapter_version=version, columns=dict(rec.columns))
+            for s in outs])
 
     # -- weight sync -----------------------------------------------------------------------
     def load_update(self, payload: object) -> dict[str, float]:
         """Receive version v+1 (LoRA adapter or full weights) and serve it from now on."""
-        assert self.engine is not None and self.store is not None
         t0 = time.perf_counter()
-        update: AdapterUpdate = self.transport.receive(payload)
-        if update.version < self.version:
-            raise ValueError(f"rollout worker {self.rank}: got version {update.version} older than {self.version}")
-        nbytes = update.nbytes  # what was sent (the adapter), not what the engine reloads
-        if update.is_lora and self.merger is not None:
-            update = AdapterUpdate(update.version, self.merger.merged(update.tensors, update.peft_config, partial=True),
-                                   None)
-        path = self.store.write(update)
+        update, path, nbytes = self._store_update(self.transport.receive(payload))
         asleep, self._asleep = self._asleep, False
         if asleep:  # weights first, then the KV cache: waking both at once is the known OOM
             self.engine.wake_up(["weights"])
@@ -145,6 +148,18 @@ class RolloutWorker:
             self.engine.wake_up(["kv_cache"])
         self.version = update.version
         return {"version": update.version, "bytes": nbytes, "seconds": time.perf_counter() - t0}
+
+    def _store_update(self, update: AdapterUpdate) -> tuple[AdapterUpdate, Any, int]:
+        """Version v+1 (as received) as the engine will load it (merged into the base in merged
+        mode), written to the store: (update, its directory, the bytes sent)."""
+        assert self.engine is not None and self.store is not None
+        if update.version < self.version:
+            raise ValueError(f"rollout worker {self.rank}: got version {update.version} older than {self.version}")
+        nbytes = update.nbytes  # what was sent (the adapter), not what the engine reloads
+        if update.is_lora and self.merger is not None:
+            update = AdapterUpdate(update.version, self.merger.merged(update.tensors, update.peft_config, partial=True),
+                                   None)
+        return update, self.store.write(update), nbytes
 
     def sleep(self) -> bool:
         """Release GPU memory for the colocated learner (no-op unless ``sleeps_while_learning``);
