@@ -4,7 +4,8 @@ k = 0: the streaming run trains the same prompts on the same tokens with the sam
 losses as the batch pipeline (per-sample seeds). k = 1 (one engine, merged serving: loads drain
 the engine) and k = 2 (two engines, LoRA serving: versions coexist): no sample is more than k
 versions behind the learner, every sample carries its version, the buffer stays within its
-bound, and groups are scored while others of their batch are still generating.
+bound, and groups are scored while others of their batch are still generating. A dead engine's
+groups are sent again to its replacement.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def ray_cluster():
 
 
 def run(model_dir, out, streaming: bool, k: int, steps: int = 3, workers: int = 1, evaluate: bool = False,
-        **rollout):
+        cluster_restarts: int = 3, **rollout):
     """A short vLLM run; ``seen`` per step: (learner version before the update, per-sample
     versions, completion ids, behaviour log-probs)."""
     from grpo_dist.trainer import Trainer
@@ -50,7 +51,8 @@ def run(model_dir, out, streaming: bool, k: int, steps: int = 3, workers: int = 
         "learner": {"micro_batch_size": 16},
         "trainer": {"steps": steps, "seed": 0, "eval_before_after": evaluate, "max_staleness": k},
         "data": {"eval_size": 8},
-        "checkpoint": {"every": 0}, "logging": {"wandb_mode": "disabled", "progress": False}})
+        "checkpoint": {"every": 0}, "logging": {"wandb_mode": "disabled", "progress": False},
+        "cluster": {"max_restarts": cluster_restarts}})
     with closing(Recording(cfg)) as t:
         t.seen = []
         t.setup()
@@ -99,3 +101,40 @@ def test_streaming_staleness_buffer_and_early_scores(k, ray_cluster, pretrained_
     assert any(early)
     if k == 2:
         assert all(set(x["ranks"]) == {0, 1} for x in p.timeline)  # both engines used every batch
+
+
+def test_a_dead_engine_with_queued_groups_is_replaced_and_they_are_sent_again(
+        ray_cluster, pretrained_model_dir, tmp_path, monkeypatch):
+    """k = 2, two engines: engine 1 is killed after step 1, with groups of steps 2 and 3 on it. It
+    is replaced once, its groups are sent again (same seed keys) and scored; every prompt is
+    trained once and no sample is more than 2 versions behind."""
+    import ray
+
+    from grpo_dist.cluster.stream import StreamPipeline
+    from grpo_dist.trainer import Trainer
+
+    sent = []
+    original, step_fn = StreamPipeline._send, Trainer.train_step
+
+    def spy(self, p, i, rank):
+        sent.append((p.step, i, rank, tuple(p.keys[i])))
+        return original(self, p, i, rank)
+
+    def train_step(self):
+        if self.step == 1:
+            ray.kill(self.workers.rollout.actors[1], no_restart=True)
+        return step_fn(self)
+
+    monkeypatch.setattr(StreamPipeline, "_send", spy)
+    monkeypatch.setattr(Trainer, "train_step", train_step)  # undone when the test ends
+    t = run(pretrained_model_dir, tmp_path, True, 2, steps=3, workers=2, cluster_restarts=1)
+    assert t.history[-1]["cluster/restarts"] == 1.0
+    first, again = {}, []
+    for step, i, rank, key in sent:
+        if (step, i) in first:
+            again.append((step, i))
+            assert first[(step, i)] == key  # the same prompt, the same sampling-seed key
+        first.setdefault((step, i), key)
+    assert again and all(step in (2, 3) for step, _ in again)
+    assert len(t.trained_prompt_ids) == len(set(t.trained_prompt_ids)) == 12
+    assert all(max(lv - v for v in vs) <= 2 for lv, vs, _, _ in t.seen)
