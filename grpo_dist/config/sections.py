@@ -1,24 +1,23 @@
-"""One typed config tree: YAML file + dotted command-line overrides, validated before anything starts.
-
-Only pydantic and yaml are imported here, so a bad config fails in well under a second, before
-torch, Ray or vLLM are touched. ``load_config`` raises ``ConfigError`` whose message is one line
-naming the key and the problem; the CLI prints it and exits with code 2.
-"""
+"""The config sections: one pydantic model per top-level key, each field with its default and help."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from grpo_dist.presets import PRESETS, apply_preset
 
 
 class ConfigError(ValueError):
     """A config problem, one line: ``<dotted.key>: <problem>``."""
+
+
+class _KeyError(ValueError):
+    def __init__(self, key: str, msg: str):
+        super().__init__(msg)
+        self.key, self.msg = key, msg
 
 
 class Section(BaseModel):
@@ -343,243 +342,3 @@ class EvalConfig(Section):
     pass_k: list[int] = Field(default_factory=lambda: [1, 4], description="k values for pass@k.")
     temperature: Optional[float] = Field(None, gt=0, description="Sampling temperature (default rollout.temperature).")
     greedy: bool = Field(True, description="Also report greedy accuracy.")
-
-
-class Config(Section):
-    output_dir: str = Field("runs/default", description="Where summary.json, checkpoints, adapters and W&B files go.")
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    lora: LoraConfig = Field(default_factory=LoraConfig)
-    data: DataConfig = Field(default_factory=DataConfig)
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    reward: RewardConfig = Field(default_factory=RewardConfig)
-    algo: AlgoConfig = Field(default_factory=AlgoConfig)
-    learner: LearnerConfig = Field(default_factory=LearnerConfig)
-    sync: SyncConfig = Field(default_factory=SyncConfig)
-    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
-    logging: LoggingConfig = Field(default_factory=LoggingConfig)
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-
-    @model_validator(mode="after")
-    def _cross(self) -> "Config":
-        self._device_defaults()
-        n = self.rollout.prompts_per_step * self.rollout.group_size
-        per_rank = self.learner.num_learners * self.learner.micro_batch_size
-        if n % self.learner.num_learners:
-            raise _KeyError("learner.num_learners",
-                             f"batch {n} (prompts_per_step * group_size) is not divisible by {self.learner.num_learners} ranks")
-        per_rank_n = n // self.learner.num_learners
-        if per_rank_n > self.learner.micro_batch_size and per_rank_n % self.learner.micro_batch_size:
-            raise _KeyError("learner.micro_batch_size",
-                             f"per-rank batch {n // self.learner.num_learners} is not divisible by micro_batch_size "
-                             f"{self.learner.micro_batch_size} (need prompts_per_step*group_size % {per_rank} == 0)")
-        if self.rollout.max_tokens >= self.model.max_model_len:
-            raise _KeyError("rollout.max_tokens", f"{self.rollout.max_tokens} leaves no room for the prompt "
-                             f"within model.max_model_len {self.model.max_model_len}")
-        room = self.model.max_model_len - self.rollout.max_tokens
-        if self.data.max_prompt_tokens is not None and self.data.max_prompt_tokens > room:
-            raise _KeyError("data.max_prompt_tokens", f"{self.data.max_prompt_tokens} exceeds model.max_model_len - "
-                             f"rollout.max_tokens = {room}")
-        a = self.algo
-        if a.ref_refresh_every and not (a.beta > 0 and a.kl_reference == "ref"):
-            raise _KeyError("algo.ref_refresh_every", "refreshes the KL reference, but there is none "
-                             f"(algo.beta={a.beta:g}, algo.kl_reference={a.kl_reference}); set beta > 0 and kl_reference: ref")
-        t, n_iter = self.trainer, self.algo.num_iterations
-        if t.max_staleness == "auto":
-            k, why = (n_iter, "trainer.async_rollouts is true") if t.async_rollouts else auto_staleness(self)
-            t.max_staleness = k
-            t._auto_staleness = f"trainer.max_staleness auto -> {k}: {why}"
-        if t.async_rollouts and t.max_staleness == 0:  # the alias: one step ahead
-            t.max_staleness = n_iter
-        if t.max_staleness % n_iter:
-            raise _KeyError("trainer.max_staleness", f"{t.max_staleness} is not a multiple of algo.num_iterations "
-                             f"{n_iter} (each step adds {n_iter} adapter versions; the pipeline runs whole steps ahead)")
-        if t.max_staleness and not t.async_rollouts:  # the learner reads it: pi_old = behaviour log-probs
-            t.async_rollouts = True
-        if t.max_staleness and (self.rollout.top_p < 1.0 or self.rollout.top_k > 0):
-            raise _KeyError("trainer.max_staleness", "(or trainer.async_rollouts) needs the engine's log-probs of "
-                             "the full distribution for the importance ratio; top_p < 1 / top_k > 0 renormalise "
-                             "them (use top_p 1, top_k -1)")
-        c = self.cluster
-        if self.sync.transport == "filesystem" and not c.shared_dir:
-            raise _KeyError("sync.transport", "filesystem needs cluster.shared_dir (a directory every node "
-                             "mounts at the same path); or use object_store")
-        if c.shared_dir and not self.lora.enabled and not _inside(self.output_dir, c.shared_dir):
-            raise _KeyError("output_dir", f"full-weight training with cluster.shared_dir writes checkpoints from "
-                             f"the learner nodes: output_dir must be inside {c.shared_dir}")
-        if c.layout == "colocated" and c.rollout_gpus > 0 and self.trainer.max_staleness:
-            raise _KeyError("trainer.max_staleness", "(or trainer.async_rollouts): colocated on GPU, the engines "
-                             "sleep while the learner trains: nothing can generate during the update (use layout: "
-                             "disaggregated, or max_staleness 0)")
-        if c.layout == "colocated" and self.rollout.num_workers != self.learner.num_learners:
-            raise _KeyError("cluster.layout", f"colocated puts rollout engine i with learner rank i: "
-                             f"rollout.num_workers ({self.rollout.num_workers}) must equal learner.num_learners "
-                             f"({self.learner.num_learners})")
-        if not self.reward.functions:
-            raise _KeyError("reward.functions", "at least one reward function is needed")
-        if a.rollout_is != "none" and (self.rollout.top_p < 1.0 or self.rollout.top_k > 0):
-            raise _KeyError("algo.rollout_is", "needs the engine's log-probs of the full distribution; top_p < 1 / "
-                             "top_k > 0 renormalise them (use top_p 1, top_k -1)")
-        if max(self.eval.pass_k) > self.eval.samples_per_prompt:
-            raise _KeyError("eval.pass_k", f"k={max(self.eval.pass_k)} exceeds eval.samples_per_prompt "
-                             f"{self.eval.samples_per_prompt}")
-        if self.cluster.address is None and self.cluster.num_cpus is not None:
-            # the local cluster is one node with num_cpus CPUs (GPUs: grpo_dist.devices checks them)
-            # and no custom resources: the same per-node check the placement does on a real cluster
-            from grpo_dist.cluster.placement import PlacementError, check_feasible, plan
-
-            node = {"CPU": float(self.cluster.num_cpus), "GPU": self.resource_demand()["GPU"]}
-            try:
-                check_feasible(plan(self), {"local" + "0" * 27: node})
-            except PlacementError as e:
-                raise _KeyError("cluster.num_cpus", f"the local cluster ({self.cluster.num_cpus} CPUs, no custom "
-                                 f"resources) cannot hold the actors: {str(e).removeprefix('cluster: ')}") from None
-        return self
-
-    def _device_defaults(self) -> None:
-        """Fill the device-dependent fields left null from the config's GPU counts (never from
-        what this machine has: the driver may run on a CPU-only head node)."""
-        c, gpu_roll = self.cluster, self.cluster.rollout_gpus > 0
-        if self.model.dtype is None:
-            self.model.dtype = "bfloat16" if gpu_roll or c.learner_gpus > 0 else "float32"
-        if self.rollout.enforce_eager is None:
-            self.rollout.enforce_eager = not gpu_roll
-        if self.rollout.gpu_memory_utilization is None:
-            colocated = getattr(c, "layout", "disaggregated") == "colocated"
-            self.rollout.gpu_memory_utilization = (0.3 if not gpu_roll else GPU_MEM_COLOCATED if colocated
-                                                   else round(GPU_MEM_DISAGGREGATED * min(1.0, c.rollout_gpus), 4))
-
-    def resource_demand(self) -> dict[str, float]:
-        c = self
-        return {
-            "CPU": c.rollout.num_workers * c.cluster.rollout_cpus + c.reward.num_workers * c.cluster.reward_cpus
-            + c.learner.num_learners * c.cluster.learner_cpus,
-            "GPU": c.rollout.num_workers * c.cluster.rollout_gpus + c.learner.num_learners * c.cluster.learner_gpus,
-        }
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return Path(self.checkpoint.dir) if self.checkpoint.dir else Path(self.output_dir) / "checkpoints"
-
-
-def _inside(path: str, parent: str) -> bool:
-    p, q = Path(path).absolute(), Path(parent).absolute()
-    return p == q or q in p.parents
-
-
-class _KeyError(ValueError):
-    def __init__(self, key: str, msg: str):
-        super().__init__(msg)
-        self.key, self.msg = key, msg
-
-
-# ---------------------------------------------------------------------------------------------
-# Loading: YAML + overrides -> Config, errors as one line
-
-
-def parse_overrides(args: list[str]) -> dict[str, Any]:
-    """``["--algo.beta", "0.0", "--rollout.stop=[x]"]`` -> nested dict. Values are parsed as YAML."""
-    out: dict[str, Any] = {}
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if not a.startswith("--"):
-            raise ConfigError(f"{a}: expected --section.key VALUE")
-        key = a[2:]
-        if "=" in key:
-            key, raw = key.split("=", 1)
-        else:
-            if i + 1 >= len(args):
-                raise ConfigError(f"{key}: missing value")
-            raw = args[i + 1]
-            i += 1
-        i += 1
-        try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError:
-            raise ConfigError(f"{key}: invalid YAML value {raw!r}") from None
-        node = out
-        parts = key.split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{key}: conflicts with another override")
-        node[parts[-1]] = value
-    return out
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _merge(out[k], v)
-        else:
-            out[k] = v
-    return out
-
-
-def _format_validation_error(e: ValidationError) -> str:
-    err = e.errors()[0]
-    loc = ".".join(str(x) for x in err["loc"])
-    msg = err["msg"]
-    if err["type"] == "extra_forbidden":
-        msg = "unknown key"
-    elif msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
-    ctx_err = (err.get("ctx") or {}).get("error")
-    if isinstance(ctx_err, _KeyError):
-        return f"{ctx_err.key}: {ctx_err.msg}"
-    got = err.get("input")
-    suffix = f" (got {got!r})" if err["type"] != "extra_forbidden" and not isinstance(got, (dict, list)) else ""
-    return f"{loc or '<root>'}: {msg}{suffix}"
-
-
-def config_from_dict(data: dict[str, Any]) -> Config:
-    try:
-        return Config.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(_format_validation_error(e)) from None
-    except _KeyError as e:
-        raise ConfigError(f"{e.key}: {e.msg}") from None
-
-
-def auto_staleness(cfg: "Config") -> tuple[int, str]:
-    """``trainer.max_staleness: auto``: one step ahead (``algo.num_iterations`` versions) only where
-    generation and the update can really overlap, i.e. engines and learner on GPUs of their own."""
-    c, r = cfg.cluster, cfg.rollout
-    if r.top_p < 1.0 or r.top_k > 0:
-        return 0, "top_p < 1 / top_k > 0: the engine's log-probs cannot stand for pi_old"
-    if c.rollout_gpus > 0 and c.learner_gpus > 0 and c.layout == "disaggregated":
-        return cfg.algo.num_iterations, ("engines and learner have GPUs of their own: the next batch is generated "
-                                         "while the learner trains (set trainer.max_staleness: 0 for on-policy)")
-    if c.rollout_gpus > 0 and c.layout == "colocated":
-        return 0, "colocated on GPU: the engines sleep while the learner trains"
-    return 0, ("the engines and the learner share CPU cores: generating during the update slows both (issue 11: "
-               "1.06x the sync step on the small model); set trainer.max_staleness: 1 to overlap them anyway "
-               "(latency-bound tiny models gain)")
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None) -> Config:
-    """Load ``path`` (YAML) and apply overrides; raise ConfigError (one line) on any problem."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"--config: file not found: {p}")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark else ""
-            raise ConfigError(f"--config: invalid YAML in {p}{where}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"--config: {p} must hold a mapping at the top level")
-    if overrides:
-        over = parse_overrides(overrides) if isinstance(overrides, list) else overrides
-        data = _merge(data, over)
-    return config_from_dict(data)
-
-
-def dump_config(cfg: Config) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

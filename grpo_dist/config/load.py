@@ -1,0 +1,104 @@
+"""Loading: YAML + dotted overrides -> ``Config``; every problem is one ``ConfigError`` line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from grpo_dist.config.root import Config
+from grpo_dist.config.sections import ConfigError, _KeyError
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """``["--algo.beta", "0.0", "--rollout.stop=[x]"]`` -> nested dict. Values are parsed as YAML."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if not a.startswith("--"):
+            raise ConfigError(f"{a}: expected --section.key VALUE")
+        key = a[2:]
+        if "=" in key:
+            key, raw = key.split("=", 1)
+        else:
+            if i + 1 >= len(args):
+                raise ConfigError(f"{key}: missing value")
+            raw = args[i + 1]
+            i += 1
+        i += 1
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            raise ConfigError(f"{key}: invalid YAML value {raw!r}") from None
+        node = out
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{key}: conflicts with another override")
+        node[parts[-1]] = value
+    return out
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _format_validation_error(e: ValidationError) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"])
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    ctx_err = (err.get("ctx") or {}).get("error")
+    if isinstance(ctx_err, _KeyError):
+        return f"{ctx_err.key}: {ctx_err.msg}"
+    got = err.get("input")
+    suffix = f" (got {got!r})" if err["type"] != "extra_forbidden" and not isinstance(got, (dict, list)) else ""
+    return f"{loc or '<root>'}: {msg}{suffix}"
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e)) from None
+    except _KeyError as e:
+        raise ConfigError(f"{e.key}: {e.msg}") from None
+
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None) -> Config:
+    """Load ``path`` (YAML) and apply overrides; raise ConfigError (one line) on any problem."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"--config: file not found: {p}")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark else ""
+            raise ConfigError(f"--config: invalid YAML in {p}{where}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"--config: {p} must hold a mapping at the top level")
+    if overrides:
+        over = parse_overrides(overrides) if isinstance(overrides, list) else overrides
+        data = _merge(data, over)
+    return config_from_dict(data)
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
