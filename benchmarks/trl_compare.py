@@ -20,6 +20,10 @@ Settings, run ``--rounds`` times in turn (round 1: all settings, round 2: all se
   trl_vllm  TRL with ``use_vllm=True, vllm_mode="colocate"`` (vLLM in the training process)
   sync      grpo_dist, trainer.max_staleness 0, 1 vLLM worker (real local Ray cluster, DeepSpeed)
   async     grpo_dist, trainer.max_staleness 1 (generation one step ahead), 1 vLLM worker
+  sync2     sync with 2 vLLM workers (each engine bound to its own cores: 1 each on 2 cores)
+  async2    async with 2 vLLM workers
+  sync2_bf16  sync2 with rollout.dtype bfloat16: the engines generate from bfloat16 weights, the
+            learner stays float32 (not the fp32 workload: a row to read apart)
 Each TRL run is a fresh subprocess (clean memory and thread state; torch threads =
 ``--trl-threads``, default all cores); a failing setting is reported with its error line instead
 of stopping the benchmark. grpo_dist runs in this process like benchmarks/pipeline.py, from
@@ -59,6 +63,12 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "trl_vllm": dict(kind="trl", use_vllm=True, label='TRL, use_vllm vllm_mode="colocate"'),
     "sync": dict(kind="grpo", max_staleness=0, label="grpo_dist sync (max_staleness 0), 1 vLLM worker"),
     "async": dict(kind="grpo", max_staleness=1, label="grpo_dist async (max_staleness 1), 1 vLLM worker"),
+    "sync2": dict(kind="grpo", max_staleness=0, workers=2,
+                  label="grpo_dist sync (max_staleness 0), 2 vLLM workers on disjoint cores"),
+    "async2": dict(kind="grpo", max_staleness=1, workers=2,
+                   label="grpo_dist async (max_staleness 1), 2 vLLM workers on disjoint cores"),
+    "sync2_bf16": dict(kind="grpo", max_staleness=0, workers=2, overrides=["--rollout.dtype", "bfloat16"],
+                       label="grpo_dist sync, 2 vLLM workers, generation in bfloat16 (learner float32)"),
 }
 # stage columns of the table: (key in the per-step records, header)
 STAGES = [("generate", "generate s"), ("ref_logp", "ref/old log-prob s"), ("update", "update s"),
@@ -216,7 +226,8 @@ def ensure_model(kind: str) -> str:
     return path
 
 
-def grpo_overrides(model_path: str, steps: int, max_staleness: int, out_dir: str, extra: list[str]) -> list[str]:
+def grpo_overrides(model_path: str, steps: int, max_staleness: int, out_dir: str, extra: list[str],
+                   workers: int = 1) -> list[str]:
     w = WORKLOAD
     return [
         "--output_dir", out_dir, "--model.path", model_path, "--model.dtype", "float32",
@@ -225,7 +236,7 @@ def grpo_overrides(model_path: str, steps: int, max_staleness: int, out_dir: str
         "--lora.dropout", "0.0", "--lora.target_modules", "[" + ",".join(w["targets"]) + "]",
         "--data.path", "builtin:add", "--rollout.group_size", str(w["group"]),
         "--rollout.prompts_per_step", str(w["prompts"]), "--rollout.max_tokens", str(w["max_tokens"]),
-        "--rollout.temperature", "1.0", "--rollout.num_workers", "1",
+        "--rollout.temperature", "1.0", "--rollout.num_workers", str(workers),
         "--reward.functions", "[{fn: correctness, weight: 1.0}]",
         "--algo.beta", str(w["beta"]), "--algo.num_iterations", "1",
         "--learner.lr", str(w["lr"]), "--learner.warmup_steps", "0", "--learner.lr_schedule", "constant",
@@ -397,7 +408,9 @@ def run_grpo(name: str, config: str, model: str, steps: int, extra: list[str]) -
     from grpo_dist.trainer import Trainer
 
     out = tempfile.mkdtemp(prefix="grpo_bench_")
-    cfg = load_config(config, grpo_overrides(model, steps, SETTINGS[name]["max_staleness"], out, extra))
+    spec = SETTINGS[name]
+    cfg = load_config(config, grpo_overrides(model, steps, spec["max_staleness"], out,
+                                             spec.get("overrides", []) + list(extra), workers=spec.get("workers", 1)))
     t0 = time.perf_counter()
     trainer = Trainer(cfg)
     share, train_step = CpuShare(), trainer.train_step

@@ -42,6 +42,14 @@ def test_parse_defaults_and_overrides(tc):
     assert cfg.rollout.num_workers == 1 and cfg.trainer.max_staleness == 1 and cfg.algo.beta == 0.04
     assert cfg.learner.lr == 1e-4 and cfg.learner.micro_batch_size == 64 and cfg.cluster.torch_threads == 2
     assert cfg.logging.wandb_mode == "disabled" and not cfg.trainer.eval_before_after
+    # the two-worker settings
+    assert tc.SETTINGS["sync2"]["workers"] == tc.SETTINGS["async2"]["workers"] == 2
+    two = load_config(os.path.join(ROOT, "configs", "tiny_cpu.yaml"),
+                      tc.grpo_overrides("/nonexistent/model", 4, 0, "/tmp/out", [], workers=2))
+    assert two.rollout.num_workers == 2 and two.trainer.max_staleness == 0
+    bf16 = load_config(os.path.join(ROOT, "configs", "tiny_cpu.yaml"),
+                       tc.grpo_overrides("/nonexistent/model", 4, 0, "/tmp/out", tc.SETTINGS["sync2_bf16"]["overrides"]))
+    assert bf16.rollout.dtype == "bfloat16" and bf16.model.dtype == "float32"
 
 
 @pytest.mark.parametrize("argv", [["--settings", "nope"], ["--steps", "2", "--skip", "2"],

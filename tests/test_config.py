@@ -89,6 +89,7 @@ def test_overrides_parse_yaml_values():
     (["--trainer.max_staleness", "1", "--algo.num_iterations", "2"], "trainer.max_staleness", "not a multiple"),
     (["--trainer.max_staleness", "-1"], "trainer.max_staleness", "must be >= 0 or auto"),
     (["--algo.ref_refresh_mix", "0"], "algo.ref_refresh_mix", "greater than 0"),
+    (["--rollout.dtype", "int8"], "rollout.dtype", "bfloat16"),
     (["--algo.ref_refresh_mix", "1.5"], "algo.ref_refresh_mix", "less than or equal to 1"),
 ])
 def test_bad_config_is_one_line_naming_the_key(overrides, key, words):

@@ -110,12 +110,12 @@ def test_adapter_dir_round_trip(tiny_model_dir, tmp_path):
     assert cfg["r"] == 8 and set(tensors) == set(upd.tensors)
 
 
-def hf_worker(model_dir, mode):
+def hf_worker(model_dir, mode, *extra):
     from grpo_dist.rollout.worker import RolloutWorker
 
     cfg = load_config(None, ["--model.path", str(model_dir), "--rollout.backend", "hf", "--rollout.max_tokens", "6",
                              "--rollout.group_size", "2", "--learner.micro_batch_size", "4",
-                             "--rollout.adapter_mode", mode])
+                             "--rollout.adapter_mode", mode, *extra])
     w = RolloutWorker(cfg)
     info = w.setup()
     assert info["adapter_mode"] == mode
@@ -156,6 +156,29 @@ def test_merged_and_lora_workers_serve_the_same_policy(tiny_model_dir, tmp_path)
     assert flat(base) != flat(trained)  # the adapter changed the policy
     assert [x[0] for x in flat(trained)] == [x[0] for x in flat(from_dir)]
     assert [x[0] for x in flat(base)] == [x[0] for x in flat(base_again)]
+
+
+def test_rollout_dtype_serves_a_rounded_copy_of_the_merged_policy(tiny_model_dir):
+    """rollout.dtype bfloat16 with model.dtype float32: the engine holds bfloat16 weights, a merged
+    version lands in them, and its log-probs are the float32 policy's to bfloat16 rounding (close,
+    not equal: the learner keeps float32)."""
+    recs = [PromptRecord(id=i, prompt=f"{i}+{2 * i}=", columns={}) for i in range(3)]
+    upd = as_update(peft_model(tiny_model_dir, seed=1), version=1)
+    out = {}
+    for dtype in ("float32", "bfloat16"):
+        w = hf_worker(tiny_model_dir, "merged", "--rollout.dtype", dtype)
+        try:
+            assert {p.dtype for p in w.engine.model.parameters()} == {getattr(torch, dtype)}
+            assert w.cfg.model.dtype == "float32"
+            w.load_update(upd)
+            assert {p.dtype for p in w.engine.model.parameters()} == {getattr(torch, dtype)}
+            out[dtype] = [r for g in w.generate(recs, temperature=0.0) for r in g.rollouts]
+        finally:
+            w.close()
+    pairs = [(a, b) for a, b in zip(out["float32"], out["bfloat16"]) if a.completion_ids == b.completion_ids]
+    assert pairs  # greedy tokens mostly agree
+    diffs = [abs(x - y) for a, b in pairs for x, y in zip(a.logprobs, b.logprobs)]
+    assert 1e-6 < max(diffs) < 0.1, max(diffs)
 
 
 # ------------------------------------------------------------------ defaults chosen at start

@@ -22,7 +22,7 @@ log = logging.getLogger("grpo_dist.rollout")
 
 
 def make_generator(cfg: Config, seed: int) -> Generator:
-    common = dict(dtype=cfg.model.dtype, seed=seed, trust_remote_code=cfg.model.trust_remote_code)
+    common = dict(dtype=cfg.rollout.dtype or cfg.model.dtype, seed=seed, trust_remote_code=cfg.model.trust_remote_code)
     if cfg.rollout.backend == "vllm":
         from grpo_dist.rollout.vllm_engine import VLLMGenerator
 
