@@ -73,6 +73,24 @@ def test_hf_logprobs_are_the_temperature_scaled_distribution(hf_worker):
     assert max(abs(a - b) for a, b in zip(expect, r.logprobs)) < 1e-4
 
 
+def test_hf_max_batch_size_reaches_the_engine_and_leaves_seeded_samples_alone(hf_worker, tiny_model_dir):
+    """rollout.hf_max_batch_size cuts the decode into chunks; seeded rollouts stay the same."""
+    from grpo_dist.rollout.worker import RolloutWorker
+
+    cfg = hf_worker.cfg.model_copy(deep=True)
+    cfg.rollout.hf_max_batch_size = 2
+    small = RolloutWorker(cfg)
+    small.setup()
+    try:
+        assert small.engine.max_batch_size == 2 and hf_worker.engine.max_batch_size == 128
+        chunked = small.generate(recs(4), seed=3)
+    finally:
+        small.close()
+    whole = hf_worker.generate(recs(4), seed=3)
+    assert [[r.completion_ids for r in g.rollouts] for g in whole] == \
+        [[r.completion_ids for r in g.rollouts] for g in chunked]
+
+
 def test_greedy_is_deterministic_and_seeded_sampling_reproducible(hf_worker):
     a = hf_worker.generate(recs(2), temperature=0.0)
     b = hf_worker.generate(recs(2), temperature=0.0)

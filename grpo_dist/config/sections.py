@@ -113,6 +113,9 @@ class RolloutConfig(Section):
     enforce_eager: Optional[bool] = Field(None, description="Disable CUDA graphs / compilation in vLLM (null = "
                                           "false when cluster.rollout_gpus > 0, i.e. CUDA graphs on; true on CPU).")
     max_loras: int = Field(1, gt=0, description="Adapters vLLM keeps resident (old versions are evicted).")
+    hf_max_batch_size: int = Field(128, gt=0, description="rollout.backend hf: rows (prompts x samples) decoded "
+                                   "together; a call is cut into chunks of at most this many (lower it if the "
+                                   "KV cache does not fit). Seeded samples do not depend on it.")
     adapter_mode: Literal["auto", "lora", "merged"] = Field(
         "auto", description="How engines serve a LoRA version: lora = as an adapter (vLLM LoRA kernels); merged = "
         "the worker merges it into the base weights and reloads them in place (CPU: ~3x faster generation); auto = "

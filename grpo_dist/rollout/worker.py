@@ -39,7 +39,7 @@ def make_generator(cfg: Config, seed: int) -> Generator:
             enable_sleep_mode=sleeps_while_learning(cfg), **common, **extra)
     from grpo_dist.rollout.hf_engine import HFGenerator
 
-    return HFGenerator(cfg.model.path, **common)
+    return HFGenerator(cfg.model.path, max_batch_size=cfg.rollout.hf_max_batch_size, **common)
 
 
 def sleeps_while_learning(cfg: Config) -> bool:
