@@ -131,7 +131,6 @@ class Config(Section):
         return Path(self.checkpoint.dir) if self.checkpoint.dir else Path(self.output_dir) / "checkpoints"
 
 
-
 def _inside(path: str, parent: str) -> bool:
     p, q = Path(path).absolute(), Path(parent).absolute()
     return p == q or q in p.parents
@@ -149,5 +148,5 @@ def auto_staleness(cfg: "Config") -> tuple[int, str]:
     if c.rollout_gpus > 0 and c.layout == "colocated":
         return 0, "colocated on GPU: the engines sleep while the learner trains"
     return 0, ("the engines and the learner share CPU cores: generating during the update slows both (issue 11: "
-               "1.06x the sync step on the small model); set trainer.max_staleness: 1 to overlap them anyway "
+               "1.21-1.30x the sync step on the small model); set trainer.max_staleness: 1 to overlap them anyway "
                "(latency-bound tiny models gain)")
