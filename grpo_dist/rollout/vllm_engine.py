@@ -91,6 +91,10 @@ def engine_kwargs(model_path: str, *, dtype: str = "float32", max_model_len: int
     import torch
 
     cpu_kvcache_space(cpu_kvcache_gb)  # read by the CPU build only
+    if not torch.cuda.is_available():  # the worker stops polling soon after a call (rollout/vllm_plugin.py)
+        from grpo_dist.rollout.vllm_plugin import CPU_IDLE_SPIN_S, ENV
+
+        os.environ.setdefault(ENV, str(CPU_IDLE_SPIN_S))  # exported by the user: theirs wins
     if not enable_lora:  # merged or full weights: reloaded in place every version
         quiet_reload_warnings()
     kwargs = dict(
