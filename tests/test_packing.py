@@ -1,8 +1,10 @@
-"""Group packing (grpo_dist/learner/packing.py): one prompt per row with its completions after it.
+"""Group packing (grpo_dist/learner/packing.py): each prompt once with its completions after it.
 
-The packed layout must give the padded layout's log-probs, entropies and gradients (to float
-rounding) on the real tiny model through the DeepSpeed + PEFT learner, and the learner must fall
-back to padding, saying why, when the model's attention ignores the 4-D mask.
+Both packed layouts -- ``group`` (one row, group attention: grpo_dist/learner/group_attention.py)
+and ``mask`` (a row per prompt group, 4-D mask) -- must give the padded layout's log-probs,
+entropies and gradients (to float rounding) on the real tiny model (grouped-query attention: 4
+heads, 2 key/value heads) through the DeepSpeed + PEFT learner, and the learner must fall back,
+saying why, when a layout does not reproduce the padded one.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def test_collate_packed_layout():
     batch = TrainBatch(prompt_ids=[[1, 7, 8]] * 3, completion_ids=[[20, 21, 22, 23], [30, 31], [40, 41, 42]],
                        behaviour_logprobs=[], advantages=[1.0, -1.0, 0.0])
     mb = collate_packed(batch, pad_id=0, max_len=64)
-    assert mb.packed and mb.input_ids.tolist() == [[1, 7, 8, 20, 21, 22, 23, 30, 31, 40, 41, 42]]
+    assert mb.packed and mb.groups is None and mb.input_ids.tolist() == [[1, 7, 8, 20, 21, 22, 23, 30, 31, 40, 41, 42]]
     assert mb.position_ids.tolist() == [[0, 1, 2, 3, 4, 5, 6, 3, 4, 3, 4, 5]]
     assert mb.row.tolist() == [0, 0, 0] and mb.first_pos.tolist() == [2, 2, 2] and mb.first_tok.tolist() == [20, 30, 40]
     # token j >= 1 of a completion is predicted by the window column just before it
@@ -64,28 +66,89 @@ def test_collate_packed_layout():
     assert (mb2.attention_mask[1, 0, 7] == 0).tolist() == [False] * 7 + [True, False]
 
 
+def test_collate_group_layout_one_row_and_blocks():
+    """Two prompt groups in one row, no padding; each completion's keys are its prompt's positions
+    then its own, causal on its own part."""
+    batch = TrainBatch(prompt_ids=[[1, 7, 8]] * 2 + [[1, 9]] * 2, completion_ids=[[20, 21], [30], [40, 41, 42], [50]],
+                       behaviour_logprobs=[], advantages=[0.0] * 4)
+    mb = collate_packed(batch, pad_id=0, group=True)
+    assert mb.input_ids.tolist() == [[1, 7, 8, 20, 21, 30, 1, 9, 40, 41, 42, 50]]
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 4, 3, 0, 1, 2, 3, 4, 2]]
+    assert mb.first_pos.tolist() == [2, 2, 7, 7] and mb.index[2, 1:3].tolist() == [8, 9]
+    assert mb.attention_mask.shape == (1, 1, 1, 1)  # a placeholder: group attention reads the layout
+    g = mb.groups
+    assert g.prompt_q.tolist() == [[0, 1, 2], [6, 7, 0]] and g.prompt_dst.tolist() == [0, 1, 2, 6, 7]
+    assert g.comp_q.tolist() == [[3, 4, 0], [5, 0, 0], [8, 9, 10], [11, 0, 0]]
+    assert g.comp_k[2].tolist() == [6, 7, 0, 8, 9, 10] and g.comp_dst.tolist() == [3, 4, 5, 8, 9, 10, 11]
+    assert g.comp_mask[2, 0, 1].tolist() == [True, True, False, True, True, False]  # 41: prompt of 2, 40, itself
+    assert g.comp_mask[0, 0, 0].tolist() == [True, True, True, True, False, False]  # 20: prompt, itself
+    assert g.prompt_mask[1, 0].tolist() == [[True, False, False], [True, True, False], [True, True, False]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_group_attention_equals_masked_attention(dtype):
+    """The blockwise attention equals one softmax attention over the row with the mask that says
+    who sees whom, outputs and gradients, with grouped-query heads (4 query, 2 key/value)."""
+    from grpo_dist.learner.group_attention import group_attention
+
+    batch = grouped_batch(3, 4, seed=7)
+    mb = collate_packed(batch, pad_id=0, group=True)
+    T, H, D = mb.input_ids.shape[1], 4, 16
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, T, D, generator=g).to(dtype).requires_grad_() for h in (H, 2, 2))
+    # who sees whom: the prompt itself causally; a completion its prompt and its own earlier tokens
+    seg_of, prompt_of = torch.full((T,), -1), torch.full((T,), -1)
+    for p, pos in enumerate(mb.groups.prompt_q.tolist()):
+        for t in pos[:len(batch.prompt_ids[4 * p])]:
+            seg_of[t], prompt_of[t] = 1000 + p, p
+    for b, pos in enumerate(mb.groups.comp_q.tolist()):
+        for t in pos[:len(batch.completion_ids[b])]:
+            seg_of[t], prompt_of[t] = b, b // 4
+    pos = torch.arange(T)
+    sees = (pos[None, :] <= pos[:, None]) & ((seg_of[None, :] == seg_of[:, None])
+                                              | ((seg_of[None, :] >= 1000) & (prompt_of[None, :] == prompt_of[:, None])))
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float().repeat_interleave(2, 1), v.float().repeat_interleave(2, 1), attn_mask=sees)
+    out = group_attention(torch.nn.Module(), q, k, v, mb.groups)  # [1, T, H, D]
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    assert torch.allclose(out.float(), ref.transpose(1, 2), atol=tol), float((out.float() - ref.transpose(1, 2)).abs().max())
+    w = torch.randn(out.shape, generator=g)
+    gq, gk, gv = torch.autograd.grad((out.float() * w).sum(), (q, k, v))
+    rq, rk, rv = torch.autograd.grad((ref.transpose(1, 2) * w).sum(), (q, k, v))
+    for a, b in ((gq, rq), (gk, rk), (gv, rv)):
+        assert torch.allclose(a.float(), b.float(), atol=10 * tol), float((a.float() - b.float()).abs().max())
+
+
+def test_group_attention_refuses_what_it_does_not_compute():
+    from grpo_dist.learner.group_attention import group_attention
+
+    mb = collate_packed(grouped_batch(1, 2), pad_id=0, group=True)
+    module = torch.nn.Module()
+    module.sliding_window = 4
+    x = torch.zeros(1, 2, mb.input_ids.shape[1], 8)
+    with pytest.raises(NotImplementedError, match="sliding_window"):
+        group_attention(module, x, x, x, mb.groups)
+
+
 @pytest.fixture(scope="module")
 def twin(tiny_model_dir):
-    """One learner (LoRA B randomised: policy != reference) with packing on."""
+    """One learner (LoRA B randomised: policy != reference) with packing on (auto = group)."""
     learner, info = make_learner(small_config(tiny_model_dir, algo=dict(beta=0.04),
                                               learner={"micro_batch_size": 16}))
     randomize_lora(learner, seed=3)
     return learner, info
 
 
-@pytest.mark.parametrize("cap", [None, 12])
-def test_packed_logprobs_and_entropy_equal_padded(twin, cap):
+@pytest.mark.parametrize("layout,cap", [("group", None), ("mask", None), ("mask", 12)])
+def test_packed_logprobs_and_entropy_equal_padded(twin, layout, cap):
     learner, info = twin
-    assert info["packed_row_len"] > 0 and learner.packing_line.startswith("learner: group packing on")
+    assert info["packing"] == "group" and learner.packing_line.startswith("learner: group packing on (one row")
     batch = grouped_batch(4, 4, seed=1)
-    length = learner._pack_len
     try:
-        learner._pack_len = cap or length  # cap 12: a group's completions spread over several rows
-        packed = learner._collate(batch, packed=True)
-        if cap:
-            assert packed.input_ids.shape[0] > 4
-        else:
-            assert packed.input_ids.shape[0] == 4
+        learner._pack_len = cap or 512  # cap 12: a group's completions spread over several rows
+        packed = learner._collate(batch, packed=layout)
+        rows = packed.input_ids.shape[0]
+        assert rows == (1 if layout == "group" else 4 if cap is None else rows) and (cap is None or rows > 4)
         padded = learner._collate(batch, packed=False)
         with learner._eval_mode(), torch.no_grad():
             lp_pack, ent_pack = learner._forward(packed, learner.engine.module, entropy=True)
@@ -93,7 +156,7 @@ def test_packed_logprobs_and_entropy_equal_padded(twin, cap):
             ref_pack = learner._logprobs_nograd(packed, reference=True)
             ref_pad = learner._logprobs_nograd(padded, reference=True)
     finally:
-        learner._pack_len = length
+        learner._pack_len = 0
     assert lp_pack.shape == lp_pad.shape
     assert torch.allclose(lp_pack, lp_pad, atol=2e-5), float((lp_pack - lp_pad).abs().max())
     assert torch.allclose(ent_pack, ent_pad, atol=2e-5)
@@ -105,39 +168,61 @@ def test_packed_logprobs_and_entropy_equal_padded(twin, cap):
 def test_packed_gradients_and_step_equal_padded(tiny_model_dir):
     batch = grouped_batch(4, 4, seed=2)
     grads, metrics = {}, {}
-    for mode in ("auto", "off"):
+    for mode in ("group", "mask", "off"):
         learner, info = make_learner(small_config(tiny_model_dir, algo=dict(beta=0.04),
                                                   learner={"micro_batch_size": 8, "packing": mode}))
-        assert (info["packed_row_len"] > 0) == (mode == "auto")
+        assert info["packing"] == mode and (info["packed_row_len"] > 0) == (mode == "mask")
         randomize_lora(learner, seed=5)
         grads[mode], metrics[mode] = train_step_with_grads(learner, batch)
         learner.shutdown()
-    assert grads["auto"].keys() == grads["off"].keys() and grads["auto"]
     scale = max(float(g.abs().max()) for g in grads["off"].values())
-    worst = max(float((grads["auto"][k] - grads["off"][k]).abs().max()) for k in grads["off"])
-    assert scale > 1e-4 and worst < 1e-4 * scale, (worst, scale)
-    for key in ("train/loss", "train/kl", "train/entropy"):
-        assert metrics["auto"][key] == pytest.approx(metrics["off"][key], rel=1e-4, abs=1e-6)
+    assert scale > 1e-4
+    for mode in ("group", "mask"):
+        assert grads[mode].keys() == grads["off"].keys() and grads[mode]
+        worst = max(float((grads[mode][k] - grads["off"][k]).abs().max()) for k in grads["off"])
+        assert worst < 1e-4 * scale, (mode, worst, scale)
+        for key in ("train/loss", "train/kl", "train/entropy"):
+            assert metrics[mode][key] == pytest.approx(metrics["off"][key], rel=1e-4, abs=1e-6)
 
 
-def test_falls_back_to_padding_when_the_mask_is_ignored(tiny_model_dir, monkeypatch):
-    """Fault injection: an attention that ignores the 4-D mask (as flash-attention does) is the
-    same as a mask that lets every token see the whole row: the set-up check must refuse it."""
+def test_full_weights_reference_copy_gets_group_attention(tiny_model_dir):
+    """Full fine-tuning keeps a frozen copy of the model as the KL reference: it must be switched
+    to group attention too, or it would read the packed row through the placeholder mask."""
+    learner, info = make_learner(small_config(tiny_model_dir, algo=dict(beta=0.04), lora={"enabled": False},
+                                              learner={"micro_batch_size": 8}))
+    try:
+        assert info["packing"] == "group" and learner.reference.model is not None
+        batch = grouped_batch(2, 4, seed=4)
+        ref_pack = learner._logprobs_nograd(learner._collate(batch), reference=True)
+        ref_pad = learner._logprobs_nograd(learner._collate(batch, packed=False), reference=True)
+        assert torch.allclose(ref_pack, ref_pad, atol=2e-5), float((ref_pack - ref_pad).abs().max())
+    finally:
+        learner.shutdown()
+
+
+def test_falls_back_to_padding_when_no_layout_reproduces_padded(tiny_model_dir, monkeypatch):
+    """Fault injection: a model whose attention ignores both the 4-D mask (as flash-attention does)
+    and the group layout lets every token see the whole row: the set-up check must refuse both
+    layouts, say why for each, and train padded."""
     import grpo_dist.learner.learner as learner_mod
 
     real = learner_mod.collate_packed
 
     def ignoring(*args, **kwargs):
         mb = real(*args, **kwargs)
-        mb.attention_mask = torch.zeros_like(mb.attention_mask)
+        mb.groups = None
+        mb.attention_mask = torch.zeros((mb.input_ids.shape[0], 1) + (mb.input_ids.shape[1],) * 2)
         return mb
 
     monkeypatch.setattr(learner_mod, "collate_packed", ignoring)
     learner, info = make_learner(small_config(tiny_model_dir))
     try:
-        assert info["packed_row_len"] == 0
-        assert learner.packing_line.startswith("learner: group packing off: the model's attention")
-        assert "learner.packing: off" in learner.packing_line
+        assert info["packing"] == "off" and info["packed_row_len"] == 0
+        line = learner.packing_line
+        assert line.startswith("learner: group packing off: the model's attention (sdpa)"), line
+        assert "group: max |logp packed - padded|" in line and "; mask: max |logp" in line
+        assert "learner.packing: off" in line
+        assert learner.engine.module.config._attn_implementation == "sdpa"  # the wrapper was taken off
         assert not learner._collate(grouped_batch(2, 2)).packed
         m = learner.train_step(grouped_batch(2, 4, seed=3))  # trains, padded
         assert m["train/tokens"] > 0
@@ -145,9 +230,27 @@ def test_falls_back_to_padding_when_the_mask_is_ignored(tiny_model_dir, monkeypa
         learner.shutdown()
 
 
+def test_group_refused_falls_back_to_mask(tiny_model_dir, monkeypatch):
+    """auto: group attention failing the check (here: it raises) leaves the 4-D mask layout."""
+    import grpo_dist.learner.group_attention as ga
+
+    def broken(*args, **kwargs):
+        raise NotImplementedError("injected")
+
+    monkeypatch.setattr(ga, "group_attention", broken)
+    learner, info = make_learner(small_config(tiny_model_dir))
+    try:
+        assert info["packing"] == "mask" and info["packed_row_len"] > 0
+        assert learner.packing_line.startswith("learner: group packing on (a row per prompt group")
+        assert learner.engine.module.config._attn_implementation == "sdpa"
+    finally:
+        learner.shutdown()
+
+
 def test_packing_off_skips_the_check(tiny_model_dir):
     learner, info = make_learner(small_config(tiny_model_dir, learner={"packing": "off"}))
     try:
-        assert info["packed_row_len"] == 0 and learner.packing_line == "learner: packing off (learner.packing: off)"
+        assert info["packing"] == "off" and info["packed_row_len"] == 0
+        assert learner.packing_line == "learner: packing off (learner.packing: off)"
     finally:
         learner.shutdown()

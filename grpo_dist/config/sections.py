@@ -242,12 +242,14 @@ class LearnerConfig(Section):
     micro_batch_size: int = Field(16, gt=0, description="Sequences per forward/backward per rank (gradient accumulation above it; capped at the per-rank batch).")
     torch_adam: bool = Field(True, description="Use torch Adam in DeepSpeed (no fused-op compile; needed on CPU).")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward.")
-    packing: Literal["auto", "off"] = Field(
-        "auto", description="auto: a group's prompt once per row with its completions after it, no padding between "
-        "(grpo_dist/learner/packing.py; checked against the padded layout at set-up, padded if the model's "
-        "attention ignores the 4-D mask); off: every sequence padded to the longest.")
-    pack_max_len: Optional[int] = Field(None, gt=0, description="Tokens per packed row (null: the model's hidden "
-                                        "size; a row always holds one whole sequence).")
+    packing: Literal["auto", "group", "mask", "off"] = Field(
+        "auto", description="Each prompt once, its G completions after it, no padding between "
+        "(grpo_dist/learner/packing.py). group: one row per micro-batch, attention computed per prompt group "
+        "(learner/group_attention.py: plain softmax attention); mask: a row per prompt group with a 4-D mask "
+        "(quadratic in the row); auto: group, else mask, else padded -- each checked against the padded layout "
+        "at set-up, the choice and its reason printed; off: every sequence padded to the longest.")
+    pack_max_len: Optional[int] = Field(None, gt=0, description="Tokens per row of the mask layout (null: the "
+                                        "model's hidden size; a row always holds one whole sequence).")
     comm_backend: Optional[str] = Field(None, description="torch.distributed backend (default gloo on CPU, nccl on GPU).")
 
 

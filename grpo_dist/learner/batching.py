@@ -13,7 +13,7 @@ column ``j`` is completion token ``j`` (so ``loss_mask`` and behaviour log-probs
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -39,6 +39,7 @@ class Collated:
     row: Optional[torch.Tensor] = None  # [B] long: the packed row of each completion
     first_pos: Optional[torch.Tensor] = None  # [B] long: its prompt's last position in that row
     first_tok: Optional[torch.Tensor] = None  # [B] long: its first token
+    groups: Any = None  # group attention (grpo_dist.learner.group_attention.GroupLayout): replaces the 4-D mask
 
     @property
     def packed(self) -> bool:
@@ -54,7 +55,7 @@ class Collated:
 
     def to(self, device) -> "Collated":
         def mv(x):
-            return x.to(device) if isinstance(x, torch.Tensor) else x
+            return x.to(device) if hasattr(x, "to") else x  # tensors and the group layout
 
         return Collated(**{k: mv(v) for k, v in self.__dict__.items()})
 

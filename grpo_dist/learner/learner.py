@@ -27,6 +27,7 @@ from grpo_dist.devices import learner_on_gpu
 from grpo_dist.types import TrainBatch
 
 from .batching import Collated, collate, gather_completion, micro_batch_rows
+from . import group_attention
 from .packing import check_packing, collate_packed, packed_token_values
 from .loss import compute_loss
 from .optim import deepspeed_config, gradient_accumulation_steps, make_scheduler_factory
@@ -51,7 +52,9 @@ class Learner(WeightsIO):
         self._version = 0
         self._pad_id = 0
         self._gas = 1
-        self._pack_len = 0  # group packing (learner.packing): the row length, 0 = padded layout
+        self._packing = "off"  # learner.packing as decided at set-up: "group" | "mask" | "off" (padded)
+        self._pack_len = 0  # the "mask" layout's row length
+        self._attn_original: Optional[str] = None  # the attention implementation group attention wraps
         self._mask_dtype = torch.float32
         # Source of old_logp (pi_old), the ratio's denominator. "policy": the learner's own log-probs
         # under the current weights before the update (the proximal policy): logp.detach() when
@@ -111,7 +114,7 @@ class Learner(WeightsIO):
         self.engine.train()
         self.device = self.engine.device if cuda else self.device
         self._mask_dtype = getattr(torch, cfg.model.dtype)
-        self._pack_len, self.packing_line = check_packing(self, self.engine.module.config)
+        self._packing, self._pack_len, self.packing_line = check_packing(self, self.engine.module.config)
         if self.rank == 0:
             print(self.packing_line, flush=True)
         total = sum(self._numel(p) for p in self.engine.module.parameters())
@@ -119,7 +122,7 @@ class Learner(WeightsIO):
         return {"trainable_params": int(trainable), "total_params": int(total),
                 "adapter_bytes": int(sum(self._numel(p) * p.element_size() for p in self._trainable())),
                 "gradient_accumulation_steps": self._gas, "world_size": self.world_size,
-                "packed_row_len": self._pack_len,
+                "packing": self._packing, "packed_row_len": self._pack_len,
                 "timing/init_distributed": t_dist, "timing/setup": time.perf_counter() - t0}
 
     @staticmethod
@@ -147,8 +150,9 @@ class Learner(WeightsIO):
         module = module if module is not None else self.engine
         temperature = self.cfg.rollout.temperature
         if mb.packed:
+            groups = {} if mb.groups is None else {group_attention.KWARG: mb.groups}
             logits = module(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
-                            use_cache=False).logits
+                            use_cache=False, **groups).logits
             return packed_token_values(logits / temperature if temperature != 1.0 else logits, mb, entropy)
         out = module(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
                      logits_to_keep=mb.logits_to_keep, use_cache=False)
@@ -180,10 +184,26 @@ class Learner(WeightsIO):
             with self.reference.active(self.engine.module) as ref:
                 return self._forward(mb, ref)[0]
 
-    def _collate(self, batch: TrainBatch, rows: Optional[range] = None, packed: Optional[bool] = None) -> Collated:
-        if self._pack_len if packed is None else packed:
-            return collate_packed(batch, rows, self._pad_id, self._pack_len or 1, self._mask_dtype).to(self.device)
-        return collate(batch, rows, self._pad_id).to(self.device)
+    def _collate(self, batch: TrainBatch, rows: Optional[range] = None, packed=None) -> Collated:
+        """``packed``: None = the layout chosen at set-up; False = padded; True = packed (the chosen
+        packing, "mask" if none); or a layout name."""
+        mode = (self._packing if packed is None or packed is True else "off" if packed is False else packed)
+        if packed is True and mode == "off":
+            mode = "mask"
+        if mode == "off":
+            return collate(batch, rows, self._pad_id).to(self.device)
+        return collate_packed(batch, rows, self._pad_id, self._pack_len or 1, self._mask_dtype,
+                              group=mode == "group").to(self.device)
+
+    def _group_attention(self, on: bool) -> None:
+        """Switch the policy (and a full-weight reference copy) to group attention, or back."""
+        models = [self.engine.module] + ([self.reference.model] if self.reference and self.reference.model else [])
+        if on:
+            self._attn_original = [group_attention.enable(m) for m in models][0]
+        elif self._attn_original is not None:
+            for m in models:
+                group_attention.disable(m, self._attn_original)
+            self._attn_original = None
 
     def compute_logprobs(self, batch: TrainBatch) -> list[list[float]]:
         """Per-completion-token log-probs under the current adapter (temperature-scaled), no grad."""

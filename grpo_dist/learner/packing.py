@@ -58,57 +58,74 @@ def plan_rows(prompts: list[tuple[int, ...]], lens: list[int], max_len: int) -> 
 
 
 def collate_packed(batch: TrainBatch, rows: Optional[range] = None, pad_id: int = 0, max_len: int = 512,
-                   mask_dtype: torch.dtype = torch.float32) -> Collated:
+                   mask_dtype: torch.dtype = torch.float32, group: bool = False) -> Collated:
     """Pack rows ``rows`` (default all) of ``batch``; the per-token tensors are laid out as in
-    :func:`grpo_dist.learner.batching.collate` (``[B, C]``, column j = completion token j)."""
+    :func:`grpo_dist.learner.batching.collate` (``[B, C]``, column j = completion token j).
+
+    ``group``: every prompt group in one row, no padding, and instead of the 4-D mask a
+    :class:`~grpo_dist.learner.group_attention.GroupLayout` for group attention (``max_len`` unused)."""
     from .batching import collate
 
     rows = range(len(batch)) if rows is None else rows
     padded = collate(batch, rows, pad_id)  # the per-completion tensors (and the input checks)
     prompts = [tuple(batch.prompt_ids[i]) for i in rows]
     comps = [list(batch.completion_ids[i]) for i in rows]
-    plan = plan_rows(prompts, [len(c) for c in comps], max_len)
-    L = max(n + sum(len(comps[b]) for b in members) for n, members in plan)
-    R, B, C = len(plan), len(comps), padded.index.shape[1]
+    plan = plan_rows(prompts, [len(c) for c in comps], 1 << 62 if group else max_len)
+    placed = [plan] if group else [[seg] for seg in plan]  # the segments of each packed row
+    L = max(sum(n + sum(len(comps[b]) for b in members) for n, members in segs) for segs in placed)
+    R, B, C = len(placed), len(comps), padded.index.shape[1]
 
     input_ids = torch.full((R, L), pad_id, dtype=torch.long)
     position_ids = torch.zeros((R, L), dtype=torch.long)
-    # segment of each position: 0 = prompt, k >= 1 = the k-th completion, -1 - q = padding at q
+    # segment of each position (mask layout): 0 = prompt, k >= 1 = the k-th completion, -1 - q = padding at q
     seg = torch.full((R, L), 0, dtype=torch.long) - 1 - torch.arange(L)
     row_of = torch.zeros(B, dtype=torch.long)
     first_pos = torch.zeros(B, dtype=torch.long)  # the prompt's last position (predicts token 0)
     first_tok = torch.zeros(B, dtype=torch.long)
     index = torch.zeros((B, C), dtype=torch.long)  # window column (logits[:, :-1]) predicting token j
-    for r, (n, members) in enumerate(plan):
-        p = prompts[members[0]]
-        input_ids[r, :n] = torch.tensor(p, dtype=torch.long)
-        position_ids[r, :n] = torch.arange(n)
-        seg[r, :n] = 0
-        off = n
-        for k, b in enumerate(members, start=1):
-            c = comps[b]
-            m = len(c)
-            row_of[b], first_pos[b] = r, n - 1
-            if m == 0:
-                continue
-            input_ids[r, off:off + m] = torch.tensor(c, dtype=torch.long)
-            position_ids[r, off:off + m] = torch.arange(n, n + m)
-            seg[r, off:off + m] = k
-            first_tok[b] = c[0]
-            index[b, :m] = torch.arange(off - 1, off - 1 + m)
-            index[b, 0] = n - 1  # (logits at the prompt end; replaced by first_logp below anyway)
-            off += m
+    spans: list[tuple[int, list[tuple[int, int]]]] = []  # group layout: (prompt start, [(start, len)])
+    for r, segs in enumerate(placed):
+        off = 0
+        for n, members in segs:
+            p0 = off
+            input_ids[r, p0:p0 + n] = torch.tensor(prompts[members[0]], dtype=torch.long)
+            position_ids[r, p0:p0 + n] = torch.arange(n)
+            seg[r, p0:p0 + n] = 0
+            off += n
+            span = []
+            for k, b in enumerate(members, start=1):
+                c = comps[b]
+                m = len(c)
+                row_of[b], first_pos[b] = r, p0 + n - 1
+                span.append((off, m))
+                if m == 0:
+                    continue
+                input_ids[r, off:off + m] = torch.tensor(c, dtype=torch.long)
+                position_ids[r, off:off + m] = torch.arange(n, n + m)
+                seg[r, off:off + m] = k
+                first_tok[b] = c[0]
+                index[b, :m] = torch.arange(off - 1, off - 1 + m)
+                index[b, 0] = p0 + n - 1  # (logits at the prompt end; replaced by first_logp below anyway)
+                off += m
+            spans.append((r * L + p0, [(r * L + st, m) for st, m in span]))
 
-    q = torch.arange(L)
-    causal = q[None, :] <= q[:, None]  # [L(query), L(key)]
-    sees = (seg[:, None, :] == seg[:, :, None]) | ((seg[:, None, :] == 0) & (seg[:, :, None] >= 0))
-    allowed = causal[None] & sees  # [R, Lq, Lk]; padding sees itself only (no empty softmax row)
-    neg = torch.finfo(mask_dtype).min
-    attn = torch.zeros((R, 1, L, L), dtype=mask_dtype).masked_fill_(~allowed[:, None], neg)
+    if group:
+        from .group_attention import build_layout
+
+        layout = build_layout(spans, [n for n, _ in plan])
+        attn = torch.zeros((R, 1, 1, 1), dtype=mask_dtype)  # a 4-D placeholder: transformers passes it as is
+    else:
+        q = torch.arange(L)
+        causal = q[None, :] <= q[:, None]  # [L(query), L(key)]
+        sees = (seg[:, None, :] == seg[:, :, None]) | ((seg[:, None, :] == 0) & (seg[:, :, None] >= 0))
+        allowed = causal[None] & sees  # [R, Lq, Lk]; padding sees itself only (no empty softmax row)
+        neg = torch.finfo(mask_dtype).min
+        attn = torch.zeros((R, 1, L, L), dtype=mask_dtype).masked_fill_(~allowed[:, None], neg)
+        layout = None
 
     return Collated(input_ids, attn, 0, index, padded.mask, padded.valid, padded.advantages,
                     padded.behaviour_logp, padded.lengths, position_ids=position_ids, row=row_of,
-                    first_pos=first_pos, first_tok=first_tok)
+                    first_pos=first_pos, first_tok=first_tok, groups=layout)
 
 
 def packed_token_values(logits: torch.Tensor, mb: Collated, entropy: bool = False):
@@ -134,15 +151,22 @@ def _per_completion(per_pos: torch.Tensor, first: torch.Tensor, mb: Collated) ->
     return torch.where(mb.valid, out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
-def check_packing(learner, model_config) -> tuple[int, str]:
-    """``learner.packing: auto``: the ``Learner``'s packed row length if the packed layout gives this model's
-    padded log-probs, else 0; and the line saying so. A probe batch (2 prompts x 3 completions
-    of random tokens) goes through both layouts and through a wrong one (packed, plain causal
-    mask: completions see each other): packing stays on if its difference from the padded
-    log-probs is within 1e-3 or a tenth of the wrong layout's. Every rank decides alike."""
+def check_packing(learner, model_config) -> tuple[str, int, str]:
+    """``learner.packing``: the layout the ``Learner`` trains with -- ``"group"`` (one row per
+    micro-batch, group attention), ``"mask"`` (a row per prompt group, 4-D mask, rows of at most
+    ``length`` tokens) or ``"off"`` (padded) -- its row length for ``mask``, and the line saying so.
+
+    Each candidate (``auto``: group, then mask) must give this model's padded log-probs on a probe
+    batch (2 prompts x 3 completions of random tokens, padded log-probs taken with the model's own
+    attention first): it is kept if its difference from them is within 1e-3 or a tenth of a wrong
+    layout's (the same rows with a plain causal mask: completions see each other), and for
+    ``group``, if the padded layout through the group-attention wrapper is unchanged. Every rank
+    decides alike. A rejected candidate is undone; if none passes, the layout is padded."""
+    from . import group_attention
+
     cfg = learner.cfg.learner
     if cfg.packing == "off":
-        return 0, "learner: packing off (learner.packing: off)"
+        return "off", 0, "learner: packing off (learner.packing: off)"
     length = int(cfg.pack_max_len or getattr(model_config, "hidden_size", 0) or 512)
     vocab = int(getattr(model_config, "vocab_size", 0) or 32)
     g = torch.Generator().manual_seed(0)
@@ -154,27 +178,43 @@ def check_packing(learner, model_config) -> tuple[int, str]:
     comps = [toks(n) for n in (4, 1, 6, 3, 5, 2)]
     probe = TrainBatch(prompt_ids=[prompts[i // 3] for i in range(6)], completion_ids=comps,
                        behaviour_logprobs=[], advantages=[0.0] * 6)
-    learner._pack_len = length
-    try:
-        padded = learner._logprobs_nograd(learner._collate(probe, packed=False))
-        mb = learner._collate(probe, packed=True)
-        packed = learner._logprobs_nograd(mb)
-        causal = torch.triu(torch.full_like(mb.attention_mask[0, 0], torch.finfo(learner._mask_dtype).min), 1)
-        mb.attention_mask = causal.expand_as(mb.attention_mask).contiguous()
-        wrong = learner._logprobs_nograd(mb)
-        d, d_wrong = float((packed - padded).abs().max()), float((wrong - padded).abs().max())
+    padded = learner._logprobs_nograd(learner._collate(probe, packed="off"))
+    original = getattr(model_config, "_attn_implementation", "?")
+    reasons = []
+    for mode in (["group", "mask"] if cfg.packing == "auto" else [cfg.packing]):
         error = ""
-    except Exception as e:  # an attention implementation that refuses 4-D masks or position ids
-        d, d_wrong, error = float("inf"), 0.0, f"{type(e).__name__}: {e}"
-    finally:
-        learner._pack_len = 0
-    ok = d <= max(1e-3, 0.1 * d_wrong)
-    if learner.world_size > 1:
-        ok = all_reduce_floats([0.0 if ok else 1.0], "max")[0] == 0.0
-    if ok:
-        return length, (f"learner: group packing on (rows of <= {length} tokens; probe: max |logp packed - "
-                        f"padded| {d:.1e}, wrong mask {d_wrong:.1e})")
-    why = error or f"max |logp packed - padded| {d:.1e} vs {d_wrong:.1e} with a wrong mask"
-    return 0, (f"learner: group packing off: the model's attention "
-               f"({getattr(model_config, '_attn_implementation', '?')}) does not give the padded log-probs "
-               f"with a 4-D mask ({why}); set learner.packing: off to skip this check")
+        try:
+            if mode == "group":
+                learner._group_attention(True)
+                again = learner._logprobs_nograd(learner._collate(probe, packed="off"))
+                if float((again - padded).abs().max()) > 1e-5:
+                    raise RuntimeError("the padded layout changed under the group-attention wrapper")
+            learner._pack_len = length
+            mb = learner._collate(probe, packed=mode)
+            packed = learner._logprobs_nograd(mb)
+            L = mb.input_ids.shape[1]
+            mb.groups = None  # the wrong layout: one plain causal mask over each row
+            mb.attention_mask = torch.triu(torch.full((L, L), torch.finfo(learner._mask_dtype).min,
+                                                      dtype=learner._mask_dtype), 1).expand(
+                mb.input_ids.shape[0], 1, L, L).contiguous().to(mb.input_ids.device)
+            wrong = learner._logprobs_nograd(mb)
+            d, d_wrong = float((packed - padded).abs().max()), float((wrong - padded).abs().max())
+        except Exception as e:  # an attention implementation that refuses 4-D masks, position ids, ...
+            d, d_wrong, error = float("inf"), 0.0, f"{type(e).__name__}: {e}"
+        finally:
+            learner._pack_len = 0
+        ok = d <= max(1e-3, 0.1 * d_wrong)
+        if learner.world_size > 1:
+            ok = all_reduce_floats([0.0 if ok else 1.0], "max")[0] == 0.0
+        if ok:
+            what = ("one row per micro-batch, group attention" if mode == "group"
+                    else f"a row per prompt group of <= {length} tokens, 4-D mask")
+            return mode, length if mode == "mask" else 0, (
+                f"learner: group packing on ({what}; probe: max |logp packed - padded| {d:.1e}, "
+                f"wrong layout {d_wrong:.1e})")
+        if mode == "group":
+            learner._group_attention(False)
+        reasons.append(f"{mode}: " + (error or f"max |logp packed - padded| {d:.1e} vs {d_wrong:.1e} with a "
+                                              "wrong layout"))
+    return "off", 0, (f"learner: group packing off: the model's attention ({original}) does not give the padded "
+                      f"log-probs packed ({'; '.join(reasons)}); set learner.packing: off to skip this check")
