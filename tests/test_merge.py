@@ -49,6 +49,19 @@ def test_merged_state_equals_peft_merge_and_unload(tiny_model_dir, lora):
     assert changed == n_targets * 2  # every targeted projection of the tiny model's 2 layers, nothing else
 
 
+def test_merger_casts_to_the_engine_dtype_after_merging(tiny_model_dir):
+    """A bfloat16 engine gets bf16(W + delta) from the stored float32 weights, the partial state's
+    untouched stack members and the base itself in bfloat16 too."""
+    upd = as_update(peft_model(tiny_model_dir))
+    fp32, bf16 = LoraMerger(tiny_model_dir), LoraMerger(tiny_model_dir, dtype=torch.bfloat16)
+    for partial in (False, True):
+        want, got = fp32.merged(upd.tensors, upd.peft_config, partial), bf16.merged(upd.tensors, upd.peft_config, partial)
+        assert got.keys() == want.keys() and {v.dtype for v in want.values()} == {torch.float32}
+        assert {v.dtype for v in got.values()} == {torch.bfloat16}
+        assert all(torch.equal(got[k], want[k].to(torch.bfloat16)) for k in want)
+    assert {v.dtype for v in bf16.merged(None, None).values()} == {torch.bfloat16}
+
+
 @pytest.mark.parametrize("targets, reloaded", [
     (["q_proj", "k_proj", "v_proj", "o_proj"], {"q_proj", "k_proj", "v_proj", "o_proj"}),
     (["v_proj"], {"q_proj", "k_proj", "v_proj"}),  # vLLM's qkv_proj is reloaded whole
@@ -169,7 +182,7 @@ def test_rollout_dtype_serves_a_rounded_copy_of_the_merged_policy(tiny_model_dir
         w = hf_worker(tiny_model_dir, "merged", "--rollout.dtype", dtype)
         try:
             assert {p.dtype for p in w.engine.model.parameters()} == {getattr(torch, dtype)}
-            assert w.cfg.model.dtype == "float32"
+            assert w.cfg.model.dtype == "float32" and w.merger.dtype == getattr(torch, dtype)
             w.load_update(upd)
             assert {p.dtype for p in w.engine.model.parameters()} == {getattr(torch, dtype)}
             out[dtype] = [r for g in w.generate(recs, temperature=0.0) for r in g.rollouts]

@@ -80,7 +80,8 @@ class RolloutWorker:
         if mode == "merged":
             from grpo_dist.hub import local_model_dir
 
-            self.merger = LoraMerger(local_model_dir(self.cfg.model.path))
+            dtype = getattr(torch, self.cfg.rollout.dtype or self.cfg.model.dtype)  # the engine's weights
+            self.merger = LoraMerger(local_model_dir(self.cfg.model.path), dtype=dtype)
         return {"rank": self.rank, "backend": self.cfg.rollout.backend, "adapter_mode": mode, "cpus": bind or why,
                 "startup_s": time.perf_counter() - t0}
 

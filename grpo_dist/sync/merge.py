@@ -76,10 +76,14 @@ def load_state(model_dir: str | Path) -> dict[str, torch.Tensor]:
 
 
 class LoraMerger:
-    """The base weights of one model, kept in memory, and the adapter versions merged into them."""
+    """The base weights of one model, kept in memory as stored, and the adapter versions merged
+    into them. ``dtype``: the engine's weights dtype; what ``merged`` returns is cast to it after
+    the merge (``bf16(W + delta)``, merged at the stored precision), so a bfloat16 engine reloads
+    half the bytes and vLLM converts nothing (it warned once per weight on every reload)."""
 
-    def __init__(self, model_dir: str | Path):
+    def __init__(self, model_dir: str | Path, dtype: torch.dtype | None = None):
         self.base = load_state(model_dir)
+        self.dtype = dtype
 
     def merged(self, tensors: dict[str, torch.Tensor] | None, peft_config: dict[str, Any] | None,
                partial: bool = False) -> dict[str, torch.Tensor]:
@@ -87,7 +91,7 @@ class LoraMerger:
         only the layers the adapter changes, each completed with the projections vLLM stacks
         with it (the whole state where a target is not a known Llama-family projection)."""
         if tensors is None:
-            return dict(self.base)
+            return self._cast(dict(self.base))
         deltas = lora_deltas(tensors, peft_config or {})
         out = {} if partial else dict(self.base)
         for name, delta in deltas.items():
@@ -108,7 +112,12 @@ class LoraMerger:
             for key, value in self.base.items():
                 if key not in out and key[:key.rfind(".") + 1] in modules:
                     out[key] = value
-        return out
+        return self._cast(out)
+
+    def _cast(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.dtype is None:
+            return state
+        return {k: v.to(self.dtype) if v.is_floating_point() else v for k, v in state.items()}
 
 
 def read_adapter_dir(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
