@@ -23,7 +23,12 @@ Settings, run ``--rounds`` times in turn (round 1: all settings, round 2: all se
   sync2     sync with 2 vLLM workers (each engine bound to its own cores: 1 each on 2 cores)
   async2    async with 2 vLLM workers
   sync2_bf16  sync2 with rollout.dtype bfloat16: the engines generate from bfloat16 weights, the
-            learner stays float32 (not the fp32 workload: a row to read apart)
+            learner stays float32
+  sync2_bf16all  sync2 with model.dtype bfloat16: engines and learner in bfloat16 (DeepSpeed bf16)
+  trl_bf16  TRL with bf16=True (autocast to bfloat16 over the float32 weights)
+  trl_bf16w TRL with the model loaded in bfloat16 and bf16=True
+The bf16 settings are not the issue's fp32 workload: the ratios are printed against the fastest TRL
+setting and against the fastest TRL setting of the same precision (fp32 or bf16).
 Each TRL run is a fresh subprocess (clean memory and thread state; torch threads =
 ``--trl-threads``, default all cores); a failing setting is reported with its error line instead
 of stopping the benchmark. grpo_dist runs in this process like benchmarks/pipeline.py, from
@@ -61,14 +66,21 @@ WORKLOAD = dict(prompts=8, group=8, max_tokens=32, lora_r=8, lora_alpha=16,
 SETTINGS: dict[str, dict[str, Any]] = {
     "trl": dict(kind="trl", use_vllm=False, label="TRL, default generation (transformers generate)"),
     "trl_vllm": dict(kind="trl", use_vllm=True, label='TRL, use_vllm vllm_mode="colocate"'),
+    "trl_bf16": dict(kind="trl", use_vllm=False, precision="bf16", trl_bf16=True,
+                     label="TRL, default generation, bf16=True (autocast over float32 weights)"),
+    "trl_bf16w": dict(kind="trl", use_vllm=False, precision="bf16", trl_bf16=True, weights="bfloat16",
+                      label="TRL, default generation, bfloat16 weights + bf16=True"),
     "sync": dict(kind="grpo", max_staleness=0, label="grpo_dist sync (max_staleness 0), 1 vLLM worker"),
     "async": dict(kind="grpo", max_staleness=1, label="grpo_dist async (max_staleness 1), 1 vLLM worker"),
     "sync2": dict(kind="grpo", max_staleness=0, workers=2,
                   label="grpo_dist sync (max_staleness 0), 2 vLLM workers on disjoint cores"),
     "async2": dict(kind="grpo", max_staleness=1, workers=2,
                    label="grpo_dist async (max_staleness 1), 2 vLLM workers on disjoint cores"),
-    "sync2_bf16": dict(kind="grpo", max_staleness=0, workers=2, overrides=["--rollout.dtype", "bfloat16"],
+    "sync2_bf16": dict(kind="grpo", max_staleness=0, workers=2, precision="bf16", overrides=["--rollout.dtype", "bfloat16"],
                        label="grpo_dist sync, 2 vLLM workers, generation in bfloat16 (learner float32)"),
+    "sync2_bf16all": dict(kind="grpo", max_staleness=0, workers=2, precision="bf16",
+                          overrides=["--model.dtype", "bfloat16"],
+                          label="grpo_dist sync, 2 vLLM workers, model.dtype bfloat16 (engines and learner)"),
 }
 # stage columns of the table: (key in the per-step records, header)
 STAGES = [("generate", "generate s"), ("ref_logp", "ref/old log-prob s"), ("update", "update s"),
@@ -257,7 +269,7 @@ def trl_args(spec: dict[str, Any]) -> dict[str, Any]:
         gradient_accumulation_steps=1, num_generations=w["group"], generation_batch_size=n, num_iterations=1,
         max_completion_length=w["max_tokens"], temperature=1.0, learning_rate=w["lr"],
         lr_scheduler_type="constant", warmup_steps=0, beta=w["beta"], seed=w["seed"],
-        use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=spec["gradient_checkpointing"],
+        use_cpu=True, bf16=bool(spec.get("bf16", False)), fp16=False, gradient_checkpointing=spec["gradient_checkpointing"],
         logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True,
         use_vllm=spec["use_vllm"])
     if spec["use_vllm"]:
@@ -339,7 +351,7 @@ def trl_worker(spec_path: str, out_path: str) -> int:
     records = load_prompts("builtin:add", limit=max(64, spec["steps"] * w["prompts"]))
     data = Dataset.from_list([{"prompt": r.prompt, "answer": r.columns["answer"]} for r in records])
     tok = AutoTokenizer.from_pretrained(spec["model"])
-    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=getattr(torch, spec.get("weights", "float32")))
     peft = LoraConfig(r=w["lora_r"], lora_alpha=w["lora_alpha"], lora_dropout=0.0, target_modules=w["targets"],
                       task_type="CAUSAL_LM")
     t0 = time.perf_counter()
@@ -370,7 +382,9 @@ def error_line(text: str) -> str:
 
 def run_trl(name: str, model: str, steps: int, threads: int, gradient_checkpointing: bool, log_dir: str,
             timeout: float) -> dict[str, Any]:
-    spec = dict(model=model, steps=steps, threads=threads, use_vllm=SETTINGS[name]["use_vllm"],
+    setting = SETTINGS[name]
+    spec = dict(model=model, steps=steps, threads=threads, use_vllm=setting["use_vllm"],
+                bf16=setting.get("trl_bf16", False), weights=setting.get("weights", "float32"),
                 gradient_checkpointing=gradient_checkpointing, out_dir=tempfile.mkdtemp(prefix="trl_bench_"))
     spec_path, out_path = os.path.join(log_dir, f"{name}.spec.json"), os.path.join(log_dir, f"{name}.out.json")
     with open(spec_path, "w") as f:
@@ -536,24 +550,38 @@ def table(summary: dict[str, dict[str, Any]], rounds: int, quiet: bool = False) 
     return "\n".join(lines)
 
 
-def ratios(summary: dict[str, dict[str, Any]], quiet: bool = False) -> tuple[str | None, list[str], dict[str, Any]]:
-    """Each grpo_dist setting against the TRL setting with the most tokens/s."""
+def precision(name: str) -> str:
+    """``fp32`` (the issue's workload) or ``bf16`` (bfloat16 anywhere: weights, autocast, generation)."""
+    return SETTINGS[name].get("precision", "fp32")
+
+
+def ratios(summary: dict[str, dict[str, Any]], quiet: bool = False,
+           same_precision: bool = False) -> tuple[str | None, list[str], dict[str, Any]]:
+    """Each grpo_dist setting against the TRL setting with the most tokens/s: of all TRL settings,
+    or (``same_precision``) of those with the grpo_dist setting's precision (fp32 / bf16)."""
     trl = {n: _view(s, quiet) for n, s in summary.items() if SETTINGS[n]["kind"] == "trl"}
     trl = {n: v for n, v in trl.items() if v is not None}
     if not trl:
         return None, ["no TRL steps" + (" in this view" if quiet else "") + ": no ratios"], {}
     best = max(trl, key=lambda n: trl[n]["tokens_per_s"])
-    b = trl[best]
     lines, out = [], {}
     for n, s in summary.items():
         v = _view(s, quiet)
         if SETTINGS[n]["kind"] != "grpo" or v is None:
             continue
+        ref = best
+        if same_precision:
+            peers = [t for t in trl if precision(t) == precision(n)]
+            if not peers:
+                continue
+            ref = max(peers, key=lambda t: trl[t]["tokens_per_s"])
+        b = trl[ref]
         r = {"completions_per_s": v["completions_per_s"] / b["completions_per_s"],
-             "tokens_per_s": v["tokens_per_s"] / b["tokens_per_s"], "s_per_step": v["s_per_step"] / b["s_per_step"]}
+             "tokens_per_s": v["tokens_per_s"] / b["tokens_per_s"], "s_per_step": v["s_per_step"] / b["s_per_step"],
+             "against": ref}
         out[n] = r
         lines.append(f"{SETTINGS[n]['label']}: {r['tokens_per_s']:.2f}x the tokens/s, {r['completions_per_s']:.2f}x "
-                     f"the completions/s, {r['s_per_step']:.2f}x the s/step of {SETTINGS[best]['label']}")
+                     f"the completions/s, {r['s_per_step']:.2f}x the s/step of {SETTINGS[ref]['label']}")
     return best, lines, out
 
 
@@ -689,14 +717,17 @@ def render(doc: dict[str, Any], quiet: float) -> str:
     summary = {s: summarise(doc["runs"][s], skip, quiet) for s in doc["settings"]}
     best, ratio_lines, ratio_map = ratios(summary)
     q_best, q_lines, q_map = ratios(summary, quiet=True)
+    _, same_lines, same_map = ratios(summary, same_precision=True)
     doc.update(summary=summary, quiet=quiet, fastest_trl=best, ratios_vs_fastest_trl=ratio_map,
+               ratios_vs_fastest_trl_same_precision=same_map,
                quiet_fastest_trl=q_best, quiet_ratios_vs_fastest_trl=q_map)
     cpu = doc["cpu"]
     grpo_threads = next((s.get("threads") for n, s in summary.items() if SETTINGS[n]["kind"] == "grpo" and "threads" in s), "n/a")
     out = [f"{doc['steps']} steps x {rounds} round(s), medians of steps {skip + 1}-{doc['steps']} (pooled; per round "
            f"in parentheses); model small-{doc['model']}; 8 prompts x 8 completions, <= 32 new tokens; times in s; "
            f"others' CPU = share of the machine other processes used during the steps",
-           table(summary, rounds), "", *ratio_lines, "",
+           table(summary, rounds), "", "Against the fastest TRL setting:", *ratio_lines, "",
+           "Against the fastest TRL setting of the same precision (fp32 / bf16):", *same_lines, "",
            f"Only the steps during which other processes used < {quiet:.0%} of the machine:",
            table(summary, rounds, quiet=True), "", *q_lines, "",
            f"CPU: {cpu['model']}, {cpu['cores']} cores, avx2={'yes' if cpu['avx2'] else 'no'}, avx512f="

@@ -50,6 +50,11 @@ def test_parse_defaults_and_overrides(tc):
     bf16 = load_config(os.path.join(ROOT, "configs", "tiny_cpu.yaml"),
                        tc.grpo_overrides("/nonexistent/model", 4, 0, "/tmp/out", tc.SETTINGS["sync2_bf16"]["overrides"]))
     assert bf16.rollout.dtype == "bfloat16" and bf16.model.dtype == "float32"
+    both = load_config(os.path.join(ROOT, "configs", "tiny_cpu.yaml"),
+                       tc.grpo_overrides("/nonexistent/model", 4, 0, "/tmp/out", tc.SETTINGS["sync2_bf16all"]["overrides"]))
+    assert both.model.dtype == "bfloat16" and both.rollout.dtype is None
+    assert [n for n in tc.SETTINGS if tc.precision(n) == "bf16"] == ["trl_bf16", "trl_bf16w", "sync2_bf16",
+                                                                       "sync2_bf16all"]
 
 
 @pytest.mark.parametrize("argv", [["--settings", "nope"], ["--steps", "2", "--skip", "2"],
@@ -66,6 +71,7 @@ def test_trl_args_match_the_workload(tc):
     assert a["max_completion_length"] == 32 and a["beta"] == 0.04 and a["learning_rate"] == 1e-4
     assert a["report_to"] == "none" and a["vllm_mode"] == "colocate" and a["use_cpu"] and not a["bf16"]
     assert "vllm_mode" not in tc.trl_args(dict(out_dir="o", steps=3, use_vllm=False, gradient_checkpointing=False))
+    assert tc.trl_args(dict(out_dir="o", steps=3, use_vllm=False, gradient_checkpointing=False, bf16=True))["bf16"]
 
 
 def test_dry_run_prints_the_plan():
@@ -95,4 +101,13 @@ def test_summary_table_and_ratios(tc):
     # the quiet view keeps only the steps other processes left alone (the second sync run was contended)
     assert summary["sync"]["quiet"]["steps"] == 2 and summary["sync"]["quiet"]["s_per_step"] == 4.0
     assert "| 4.00 |" in tc.table(summary, rounds=2, quiet=True)
+    # bf16 settings are compared with the fastest TRL setting overall and with the fastest of their precision
+    summary["trl_bf16w"] = tc.summarise([run(4.0, 1600.0)], skip=2, quiet=0.1)
+    summary["sync2_bf16all"] = tc.summarise([run(2.0, 1600.0)], skip=2, quiet=0.1)
+    best, _, overall = tc.ratios(summary)
+    _, lines, same = tc.ratios(summary, same_precision=True)
+    assert best == "trl_bf16w" and overall["sync"]["s_per_step"] == pytest.approx(5.0 / 4.0)
+    assert same["sync"]["against"] == "trl" and same["sync"]["s_per_step"] == pytest.approx(5.0 / 8.0)
+    assert same["sync2_bf16all"]["against"] == "trl_bf16w" and same["sync2_bf16all"]["tokens_per_s"] == pytest.approx(2.0)
+    assert len(lines) == 2
     assert tc.error_line("x\nTraceback\n  File \"a\", line 1\nValueError: bad thing\n") == "ValueError: bad thing"
