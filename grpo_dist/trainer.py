@@ -31,7 +31,7 @@ from grpo_dist.cluster.pipeline import RolloutPipeline
 from grpo_dist.cluster.stream import StreamPipeline
 from grpo_dist.rollout.worker import sleeps_while_learning
 from grpo_dist.evaluation import eval_metrics, evaluate
-from grpo_dist.monitor import Monitor, StepTimer, non_finite
+from grpo_dist.monitor import Monitor, StepTimer, non_finite, sync_clocks
 from grpo_dist.reward.failures import FailureWatch, RewardFailureError
 from grpo_dist.types import RewardResult
 from grpo_dist.setup_run import make_monitor
@@ -140,7 +140,7 @@ class Trainer:
             raise TrainingError(f"rollout workers disagree on the adapter version: {sorted(versions)}")
         self.version = next(iter(versions))
         return {"sync/bytes": float(results[0]["bytes"]), "sync/seconds": max(r["seconds"] for r in results),
-                "sync/version": float(versions.pop())}
+                "sync/version": float(versions.pop()), **sync_clocks(results)}
 
     def _export(self):
         """A Ray ref to the learner's current weights as the transport carries them. Called on
@@ -197,7 +197,8 @@ class Trainer:
         done = self.pipeline.settle_loads()
         m = {"sync/version": float(version)}
         if done:
-            m.update({"sync/bytes": float(done[-1]["bytes"]), "sync/seconds": max(r["seconds"] for r in done)})
+            m.update({"sync/bytes": float(done[-1]["bytes"]), "sync/seconds": max(r["seconds"] for r in done),
+                      **sync_clocks(done)})
         return m
 
     def _draw(self, n: int, step: int) -> tuple[list, list]:

@@ -149,6 +149,8 @@ def test_merged_and_lora_workers_serve_the_same_policy(tiny_model_dir, tmp_path)
             base = w.generate(recs, temperature=0.0)
             info = w.load_update(upd)
             assert info["bytes"] == upd.nbytes  # what travelled is the adapter, in both modes
+            clocks = [info[k] for k in ("merge_s", "write_s", "load_s")]
+            assert min(clocks) >= 0 and sum(clocks) <= info["seconds"] + 1e-6
             trained = w.generate(recs, temperature=0.0)
             w.load_adapter_dir(str(tmp_path / "adapter"), 2)
             from_dir = w.generate(recs, temperature=0.0)

@@ -60,3 +60,12 @@ def test_wandb_from_config_is_the_one_setup_of_train_and_eval(tmp_path):
     assert train_wb.run.config["rollout"]["group_size"] == cfg.rollout.group_size
     assert multi.wandb_dir == train_wb.run_dir
     multi.close()
+
+
+def test_sync_clocks_take_the_slowest_worker_of_each_phase():
+    from grpo_dist.monitor import sync_clocks
+
+    answers = [{"seconds": 0.3, "merge_s": 0.1, "write_s": 0.05, "load_s": 0.1},
+               {"seconds": 0.2, "merge_s": 0.02, "write_s": 0.08, "load_s": 0.09}]
+    assert sync_clocks(answers) == {"timing/sync_merge": 0.1, "timing/sync_write": 0.08, "timing/sync_load": 0.1}
+    assert sync_clocks([{"seconds": 0.0, "skipped": 1.0}]) == {} and sync_clocks([]) == {}

@@ -63,9 +63,11 @@ class StreamingRolloutWorker(RolloutWorker):
             update = self.transport.receive(payload)
             if update.version <= current and current > 0:  # a newer load overtook this one
                 return {"version": current, "bytes": update.nbytes, "seconds": 0.0, "skipped": 1.0}
-            update, path, nbytes = await asyncio.to_thread(self._store_update, update)
+            update, path, nbytes, clocks = await asyncio.to_thread(self._store_update, update)
+            t1 = time.perf_counter()
             await self._serve(update.version, str(path), update.is_lora)
-        return {"version": update.version, "bytes": nbytes, "seconds": time.perf_counter() - t0}
+        t2 = time.perf_counter()
+        return {"version": update.version, "bytes": nbytes, "seconds": t2 - t0, **clocks, "load_s": t2 - t1}
 
     async def _serve(self, version: int, path: str | None, is_lora: bool) -> None:
         if is_lora:

@@ -137,7 +137,8 @@ class RolloutWorker:
     def load_update(self, payload: object) -> dict[str, float]:
         """Receive version v+1 (LoRA adapter or full weights) and serve it from now on."""
         t0 = time.perf_counter()
-        update, path, nbytes = self._store_update(self.transport.receive(payload))
+        update, path, nbytes, clocks = self._store_update(self.transport.receive(payload))
+        t1 = time.perf_counter()
         asleep, self._asleep = self._asleep, False
         if asleep:  # weights first, then the KV cache: waking both at once is the known OOM
             self.engine.wake_up(["weights"])
@@ -148,19 +149,24 @@ class RolloutWorker:
         if asleep:
             self.engine.wake_up(["kv_cache"])
         self.version = update.version
-        return {"version": update.version, "bytes": nbytes, "seconds": time.perf_counter() - t0}
+        t2 = time.perf_counter()
+        return {"version": update.version, "bytes": nbytes, "seconds": t2 - t0, **clocks, "load_s": t2 - t1}
 
-    def _store_update(self, update: AdapterUpdate) -> tuple[AdapterUpdate, Any, int]:
+    def _store_update(self, update: AdapterUpdate) -> tuple[AdapterUpdate, Any, int, dict[str, float]]:
         """Version v+1 (as received) as the engine will load it (merged into the base in merged
-        mode), written to the store: (update, its directory, the bytes sent)."""
+        mode), written to the store: (update, its directory, the bytes sent, the seconds spent
+        merging and writing)."""
         assert self.engine is not None and self.store is not None
         if update.version < self.version:
             raise ValueError(f"rollout worker {self.rank}: got version {update.version} older than {self.version}")
         nbytes = update.nbytes  # what was sent (the adapter), not what the engine reloads
+        t0 = time.perf_counter()
         if update.is_lora and self.merger is not None:
             update = AdapterUpdate(update.version, self.merger.merged(update.tensors, update.peft_config, partial=True),
                                    None)
-        return update, self.store.write(update), nbytes
+        t1 = time.perf_counter()
+        path = self.store.write(update)
+        return update, path, nbytes, {"merge_s": t1 - t0, "write_s": time.perf_counter() - t1}
 
     def sleep(self) -> bool:
         """Release GPU memory for the colocated learner (no-op unless ``sleeps_while_learning``);
