@@ -65,6 +65,14 @@ def test_overrides_parse_yaml_values():
     assert cfg.algo.beta == 0.0 and cfg.trainer.steps == 7 and cfg.rollout.group_size == 8
 
 
+def test_packing_off_as_typed():
+    """YAML reads a bare `off` as false: `--learner.packing off` (and `packing: off` in a file) mean "off"."""
+    assert load_config(None, ["--learner.packing", "off"]).learner.packing == "off"
+    assert load_config(None, ["--learner.packing", "group"]).learner.packing == "group"
+    with pytest.raises(ConfigError, match="learner.packing"):
+        load_config(None, ["--learner.packing", "true"])
+
+
 @pytest.mark.parametrize("overrides, key, words", [
     (["--rollout.group_size", "1"], "rollout.group_size", ">= 2"),
     (["--algo.bogus", "1"], "algo.bogus", "unknown key"),

@@ -252,6 +252,11 @@ class LearnerConfig(Section):
                                         "model's hidden size; a row always holds one whole sequence).")
     comm_backend: Optional[str] = Field(None, description="torch.distributed backend (default gloo on CPU, nccl on GPU).")
 
+    @field_validator("packing", mode="before")
+    @classmethod
+    def _off(cls, v):
+        return "off" if v is False else v  # YAML 1.1 reads a bare `off` (`--learner.packing off`) as false
+
 
 class SyncConfig(Section):
     transport: Literal["object_store", "filesystem"] = Field("object_store", description="How adapter tensors travel to rollout workers.")
