@@ -85,10 +85,11 @@ def test_collate_group_layout_one_row_and_blocks():
     assert g.prompt_mask[1, 0].tolist() == [[True, False, False], [True, True, False], [True, True, False]]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_group_attention_equals_masked_attention(dtype):
+@pytest.mark.parametrize("dtype,window", [(torch.float32, None), (torch.bfloat16, None), (torch.float32, 3)])
+def test_group_attention_equals_masked_attention(dtype, window):
     """The blockwise attention equals one softmax attention over the row with the mask that says
-    who sees whom, outputs and gradients, with grouped-query heads (4 query, 2 key/value)."""
+    who sees whom (and, with a sliding window, only keys less than ``window`` positions back),
+    outputs and gradients, with grouped-query heads (4 query, 2 key/value)."""
     from grpo_dist.learner.group_attention import group_attention
 
     batch = grouped_batch(3, 4, seed=7)
@@ -107,15 +108,21 @@ def test_group_attention_equals_masked_attention(dtype):
     pos = torch.arange(T)
     sees = (pos[None, :] <= pos[:, None]) & ((seg_of[None, :] == seg_of[:, None])
                                               | ((seg_of[None, :] >= 1000) & (prompt_of[None, :] == prompt_of[:, None])))
+    module = torch.nn.Module()
+    if window:
+        module.sliding_window = window
+        p_ids = mb.position_ids[0]
+        sees &= (p_ids[:, None] - p_ids[None, :]) < window
     ref = torch.nn.functional.scaled_dot_product_attention(
         q.float(), k.float().repeat_interleave(2, 1), v.float().repeat_interleave(2, 1), attn_mask=sees)
-    out = group_attention(torch.nn.Module(), q, k, v, mb.groups)  # [1, T, H, D]
+    out = group_attention(module, q, k, v, mb.groups)  # [1, T, H, D]
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     assert torch.allclose(out.float(), ref.transpose(1, 2), atol=tol), float((out.float() - ref.transpose(1, 2)).abs().max())
     w = torch.randn(out.shape, generator=g)
     gq, gk, gv = torch.autograd.grad((out.float() * w).sum(), (q, k, v))
     rq, rk, rv = torch.autograd.grad((ref.transpose(1, 2) * w).sum(), (q, k, v))
     for a, b in ((gq, rq), (gk, rk), (gv, rv)):
+        assert torch.isfinite(a).all()  # padding rows a window leaves empty must not poison the gradients
         assert torch.allclose(a.float(), b.float(), atol=10 * tol), float((a.float() - b.float()).abs().max())
 
 
@@ -123,11 +130,41 @@ def test_group_attention_refuses_what_it_does_not_compute():
     from grpo_dist.learner.group_attention import group_attention
 
     mb = collate_packed(grouped_batch(1, 2), pad_id=0, group=True)
-    module = torch.nn.Module()
-    module.sliding_window = 4
     x = torch.zeros(1, 2, mb.input_ids.shape[1], 8)
-    with pytest.raises(NotImplementedError, match="sliding_window"):
-        group_attention(module, x, x, x, mb.groups)
+    for attr in ("attn_logit_softcapping", "sinks"):
+        module = torch.nn.Module()
+        setattr(module, attr, 30.0)
+        with pytest.raises(NotImplementedError, match=attr):
+            group_attention(module, x, x, x, mb.groups)
+
+
+def test_sliding_window_model_packs_with_its_window(tmp_path):
+    """A Mistral-style model whose sliding window (4) is shorter than its sequences: the learner
+    takes the group layout and its log-probs are the padded layout's, where transformers applies
+    the window through its own masks (without the window they would differ: checked too)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=4,
+                        max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    MistralForCausalLM(cfg).save_pretrained(tmp_path / "mistral")
+    learner, info = make_learner(small_config(tmp_path / "mistral", algo=dict(beta=0.04),
+                                              learner={"micro_batch_size": 16}))
+    try:
+        assert info["packing"] == "group", learner.packing_line
+        randomize_lora(learner, seed=1)
+        batch = grouped_batch(4, 4, seed=5)
+        packed, padded = learner._collate(batch), learner._collate(batch, packed=False)
+        with learner._eval_mode(), torch.no_grad():
+            lp_pack = learner._forward(packed, learner.engine.module)[0]
+            lp_pad = learner._forward(padded, learner.engine.module)[0]
+            learner.engine.module.config.sliding_window = None  # Mistral passes it from the config
+            lp_nowindow = learner._forward(packed, learner.engine.module)[0]
+        assert torch.allclose(lp_pack, lp_pad, atol=2e-5), float((lp_pack - lp_pad).abs().max())
+        assert float((lp_nowindow - lp_pad).abs().max()) > 1e-3
+    finally:
+        learner.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,10 @@ to float rounding; the learner checks that at set-up (``check_packing``).
 
 It is an attention implementation registered with transformers' ``AttentionInterface`` as
 ``grpo_group_<original>``: called without a layout (the padded layout, the set-up probe) it is
-the model's original implementation, unchanged. Plain softmax attention only: a module with a
-sliding window, logit soft-capping or attention sinks raises, and the check falls back.
+the model's original implementation, unchanged. Softmax attention, with the module's sliding window
+if it has one (``sliding_window``: a key is seen while query position - key position < window, as
+transformers' masks do); a module with logit soft-capping or attention sinks raises, and the
+check falls back.
 """
 
 from __future__ import annotations
@@ -40,10 +42,12 @@ class GroupLayout:
     comp_q: torch.Tensor  # [B, C] long: each completion's token positions (0 past its end)
     comp_k: torch.Tensor  # [B, P + C] long: its prompt's positions (0 past the prompt), then comp_q
     comp_mask: torch.Tensor  # [B, 1, C, P + C] bool: which of those keys each token attends to
+    comp_pos: torch.Tensor  # [B, P + C] long: the position id of each of those keys (the queries': [:, P:])
     comp_src: torch.Tensor  # [Nc] long: the real tokens among the B * C block positions
     comp_dst: torch.Tensor  # [Nc] long: their flat positions
     prompt_q: torch.Tensor  # [S, P] long: each prompt's positions (one per packed group segment)
     prompt_mask: torch.Tensor  # [S, 1, P, P] bool: causal over the prompt's real tokens
+    prompt_pos: torch.Tensor  # [S, P] long: position ids (0..P-1)
     prompt_src: torch.Tensor  # [Np] long
     prompt_dst: torch.Tensor  # [Np] long
 
@@ -76,15 +80,16 @@ def build_layout(segments: list[tuple[int, list[tuple[int, int]]]], prompt_lens:
     own = causal_c[None] & c_real[:, None, :]  # [B, C, C]
     sees_prompt = p_real[seg][:, None, :].expand(B, C, P)
     comp_mask = torch.cat([sees_prompt, own], dim=2)[:, None]
+    comp_pos = torch.cat([ar_p.expand(B, P), p_len[seg][:, None] + ar_c[None, :]], dim=1)
 
-    return GroupLayout(comp_q=comp_q, comp_k=comp_k, comp_mask=comp_mask,
+    return GroupLayout(comp_q=comp_q, comp_k=comp_k, comp_mask=comp_mask, comp_pos=comp_pos,
                        comp_src=c_real.flatten().nonzero().flatten(), comp_dst=comp_q[c_real],
-                       prompt_q=prompt_q, prompt_mask=prompt_mask,
+                       prompt_q=prompt_q, prompt_mask=prompt_mask, prompt_pos=ar_p.expand(S, P).contiguous(),
                        prompt_src=p_real.flatten().nonzero().flatten(), prompt_dst=prompt_q[p_real])
 
 
 def _unsupported(module) -> str | None:
-    for attr in ("sliding_window", "attn_logit_softcapping", "sinks"):
+    for attr in ("attn_logit_softcapping", "sinks"):
         if getattr(module, attr, None) is not None:
             return attr
     cfg = getattr(module, "config", None)
@@ -93,11 +98,16 @@ def _unsupported(module) -> str | None:
     return None
 
 
-def group_attention(module, query, key, value, layout: GroupLayout, dropout: float = 0.0, scaling=None):
-    """``query [R, H, L, D]``, ``key/value [R, Hkv, L, D]`` -> ``[R, L, H, D]`` (0 at padding)."""
-    bad = _unsupported(module)
+def group_attention(module, query, key, value, layout: GroupLayout, dropout: float = 0.0, scaling=None,
+                    sliding_window=None, **kwargs):
+    """``query [R, H, L, D]``, ``key/value [R, Hkv, L, D]`` -> ``[R, L, H, D]`` (0 at padding).
+    ``sliding_window`` (or the module's attribute): a key is seen while query - key position < it;
+    ``kwargs``: what the model passed its attention function besides (soft-capping, sinks: refused)."""
+    bad = _unsupported(module) or next((k for k in ("softcap", "s_aux") if kwargs.get(k) is not None), None)
     if bad is not None:
-        raise NotImplementedError(f"group attention covers plain softmax attention only (the module has {bad})")
+        raise NotImplementedError(f"group attention covers softmax attention with an optional sliding window "
+                                  f"only (the module has {bad})")
+    window = sliding_window if sliding_window is not None else getattr(module, "sliding_window", None)
     R, H, L, D = query.shape
     Hkv = key.shape[1]  # grouped-query attention: query head h reads key/value head h // (H / Hkv)
     q = query.transpose(0, 1).reshape(H, R * L, D)
@@ -111,10 +121,25 @@ def group_attention(module, query, key, value, layout: GroupLayout, dropout: flo
         out = _attend(*sel, mask, dropout, scale)
         return out.transpose(0, 1).reshape(H, -1, out.shape[-1])[:, src]  # [H, real tokens, D]
 
+    def windowed(mask, qpos, kpos):
+        if not window:
+            return mask
+        mask = mask & ((qpos[:, :, None] - kpos[:, None, :]) < window)[:, None]
+        # a padding query far past its prompt may now see no key: give it key 0 (its output is
+        # dropped, but an all-masked softmax row would be NaN, and NaN * 0 poisons the gradients)
+        empty = ~mask.any(-1, keepdim=True)
+        first = torch.zeros_like(mask)
+        first[..., 0] = True
+        return mask | (empty & first)
+
+    P = layout.prompt_q.shape[1]
     out = query.new_zeros(H, R * L, value.shape[-1])
-    out = out.index_copy(1, layout.prompt_dst, block(layout.prompt_q, layout.prompt_q, layout.prompt_mask,
-                                                      layout.prompt_src))
-    out = out.index_copy(1, layout.comp_dst, block(layout.comp_q, layout.comp_k, layout.comp_mask, layout.comp_src))
+    out = out.index_copy(1, layout.prompt_dst, block(
+        layout.prompt_q, layout.prompt_q, windowed(layout.prompt_mask, layout.prompt_pos, layout.prompt_pos),
+        layout.prompt_src))
+    out = out.index_copy(1, layout.comp_dst, block(
+        layout.comp_q, layout.comp_k, windowed(layout.comp_mask, layout.comp_pos[:, P:], layout.comp_pos),
+        layout.comp_src))
     return out.view(H, R, L, -1).permute(1, 2, 0, 3).contiguous()
 
 
@@ -148,7 +173,7 @@ def _make_interface(original: str):
         if layout is None:  # not a packed micro-batch: the model's own attention, as it was
             fn = ALL_ATTENTION_FUNCTIONS[original] if original != "eager" else _eager(module)
             return fn(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-        return group_attention(module, query, key, value, layout, dropout, scaling), None
+        return group_attention(module, query, key, value, layout, dropout, scaling, **kwargs), None
 
     return attention
 
