@@ -1,28 +1,32 @@
-"""Group packing: a group's prompt once, its completions after it, one row, no padding between.
+"""Group packing: a group's prompt once, its completions after it, no padding between.
 
 GRPO samples G completions of every prompt, and the padded layout (``batching.collate``) runs the
-prompt G times and pads every completion to the longest. Packed, a row holds one prompt followed by
-as many of its completions as fit in ``max_len`` tokens::
+prompt G times and pads every completion to the longest. Packed, a prompt is followed by its
+completions, each with the positions it would have in its own sequence::
 
-    row:       p0 p1 p2 | a0 a1 a2 a3 | b0 b1 | c0 c1 c2 | pad
-    positions:  0  1  2 |  3  4  5  6 |  3  4 |  3  4  5 |  0
+    row:       p0 p1 p2 | a0 a1 a2 a3 | b0 b1 | c0 c1 c2 | q0 q1 | d0 d1 ...
+    positions:  0  1  2 |  3  4  5  6 |  3  4 |  3  4  5 |  0  1 |  2  3 ...
 
-and a 4-D additive attention mask in which every completion token sees the prompt and the earlier
-tokens of its own completion only, with the positions each would have in its own sequence. The
-logits are therefore those of the padded layout (to float rounding), and so are the gradients: the
-prompt's activations feed every completion of the row, and backward sums their contributions.
+and every completion token attends to its prompt and the earlier tokens of its own completion
+only. The logits are therefore those of the padded layout (to float rounding), and so are the
+gradients: the prompt's activations feed every completion, and backward sums their contributions.
+Two layouts:
 
-The first token of a completion is predicted by the prompt's last position (shared by the row's
-completions); every later token by the position before it, as in a plain sequence.
+* ``group`` (``learner.packing: auto`` first): every prompt group of the micro-batch in one row,
+  and the attention computed per group by ``group_attention`` (never over the whole row);
+* ``mask``: a row per prompt group of at most ``max_len`` tokens (the model's hidden size by
+  default), padded to the longest row, with a 4-D additive mask over the row (``O(row^2)``).
 
-On the workload of issue 11 (8 prompts of 7 tokens x 8 completions of ~26 tokens, hidden 512)
-this is 1952 instead of 2496 tokens per forward: forward and backward take ~0.8x the time
-(benchmarks/NOTES.md). The attention over a row costs ``O(row length^2)``, so ``max_len`` keeps
-rows short next to the hidden size (the default cap is the model's hidden size).
+The first token of a completion is predicted by the prompt's last position (shared by its
+group's completions); every later token by the position before it, as in a plain sequence.
 
-The learner checks the layout once at set-up against the padded one on its own model (an
+On the workload of issue 11 (8 prompts of ~13 tokens x 8 completions of ~26, hidden 512) the
+mask layout runs 2128 instead of 2496 tokens per forward (forward and backward ~0.8x the time),
+the group layout 1952 and a sixth of the mask layout's attention work (benchmarks/NOTES.md).
+
+The learner checks the layouts once at set-up against the padded one on its own model (an
 attention implementation that ignores a 4-D mask, e.g. flash-attention, fails the check) and
-falls back to padding, saying why.
+falls back, saying why (``check_packing``).
 """
 
 from __future__ import annotations
