@@ -20,7 +20,7 @@ Two layouts:
 The first token of a completion is predicted by the prompt's last position (shared by its
 group's completions); every later token by the position before it, as in a plain sequence.
 
-On the workload of issue 11 (8 prompts of ~13 tokens x 8 completions of ~26, hidden 512) the
+On the workload of issue 11 (8 prompts of 7 tokens x 8 completions of up to 32, hidden 512) the
 mask layout runs 2128 instead of 2496 tokens per forward (forward and backward ~0.8x the time),
 the group layout 1952 and a sixth of the mask layout's attention work (benchmarks/NOTES.md).
 
