@@ -245,9 +245,9 @@ class LearnerConfig(Section):
     packing: Literal["auto", "group", "mask", "off"] = Field(
         "auto", description="Each prompt once, its G completions after it, no padding between "
         "(grpo_dist/learner/packing.py). group: one row per micro-batch, attention computed per prompt group "
-        "(learner/group_attention.py: plain softmax attention); mask: a row per prompt group with a 4-D mask "
-        "(quadratic in the row); auto: group, else mask, else padded -- each checked against the padded layout "
-        "at set-up, the choice and its reason printed; off: every sequence padded to the longest.")
+        "(learner/group_attention.py: softmax attention, sliding windows included); mask: a row per prompt group "
+        "with a 4-D mask (quadratic in the row); auto: group, else mask, else padded -- each checked against the "
+        "padded layout at set-up, the choice and its reason printed; off: every sequence padded to the longest.")
     pack_max_len: Optional[int] = Field(None, gt=0, description="Tokens per row of the mask layout (null: the "
                                         "model's hidden size; a row always holds one whole sequence).")
     comm_backend: Optional[str] = Field(None, description="torch.distributed backend (default gloo on CPU, nccl on GPU).")
