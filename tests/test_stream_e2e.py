@@ -4,8 +4,9 @@ k = 0: the streaming run trains the same prompts on the same tokens with the sam
 losses as the batch pipeline (per-sample seeds). k = 1 (one engine, merged serving: loads drain
 the engine) and k = 2 (two engines, LoRA serving: versions coexist): no sample is more than k
 versions behind the learner, every sample carries its version, the buffer stays within its
-bound, and groups are scored while others of their batch are still generating. A dead engine's
-groups are sent again to its replacement.
+bound, and each group is scored after it finished (that a group is scored while others of its
+batch are still generating: tests/test_stream_pipeline.py). A dead engine's groups are sent again
+to its replacement.
 """
 
 from __future__ import annotations
@@ -93,12 +94,14 @@ def test_streaming_staleness_buffer_and_early_scores(k, ray_cluster, pretrained_
     assert len(t.trained_prompt_ids) == len(set(t.trained_prompt_ids)) == 20  # each prompt trained once
     assert t.stream.state_dict()["index"] == 20 and not p.queue and not p.loads
     assert p.capacity == 4 * (k + 1) and 0 < p.buffer_peak <= p.capacity
-    # groups reach the reward actor one by one: some group of a batch is scored before its
-    # batch's last group has finished generating
+    # Each group is scored after it finished generating. Whether some group of a batch is scored
+    # before its batch's last group finishes depends on timing here (a tiny model's groups finish
+    # within milliseconds of each other; a CI run saw none in 5 batches): printed, not asserted.
+    # tests/test_stream_pipeline.py shows it with an engine whose timing is known.
+    assert all(s >= g for x in p.timeline for g, s in zip(x["generated"], x["scored"]))
     early = [sum(s < max(x["generated"]) for s in x["scored"]) for x in p.timeline]
     print(f"k={k}: groups scored before their batch's last group finished, per batch: {early}; "
           f"engines per group: {[x['ranks'] for x in p.timeline]}")
-    assert any(early)
     if k == 2:
         assert all(set(x["ranks"]) == {0, 1} for x in p.timeline)  # both engines used every batch
 

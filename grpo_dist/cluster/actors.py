@@ -97,10 +97,15 @@ def create_generators(cfg: Config, placement: Optional[Placement] = None) -> tup
     rollout = ActorGroup.create("rollout", StreamingRolloutActor if streaming else RolloutActor,
                                 [(cfg, i) for i in range(cfg.rollout.num_workers)], spec=spec["rollout"],
                                 placement=placement, max_concurrency=1000 if streaming else 1)
-    # streaming: a group's scoring starts when its generation is done, whatever was submitted before it
-    reward = ActorGroup.create("reward", RewardActor, [(cfg.reward,)] * cfg.reward.num_workers,
-                               spec=spec["reward"], placement=placement, out_of_order=streaming)
-    return rollout, reward
+    return rollout, create_reward(cfg, placement)
+
+
+def create_reward(cfg: Config, placement: Optional[Placement] = None) -> ActorGroup:
+    """The reward actor group. Streaming: a group's scoring starts when its generation is done,
+    whatever was submitted before it (out-of-order execution)."""
+    return ActorGroup.create("reward", RewardActor, [(cfg.reward,)] * cfg.reward.num_workers,
+                             spec=actor_specs(cfg)["reward"], placement=placement,
+                             out_of_order=cfg.rollout.streaming)
 
 
 def start_learners(cfg: Config, placement: Optional[Placement]) -> tuple[ActorGroup, list]:
