@@ -1,0 +1,41 @@
+"""free_port: a port nobody else is about to be handed.
+
+A CI run failed when the port the multinode test had picked for Ray's dashboard (bind to port 0,
+read it, close) was handed again by the kernel to Ray's GCS a moment later: both asked for "any
+free port" from the same ephemeral range. free_port now draws from outside that range (and
+outside Ray's worker ports), where port-0 binds never land.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from grpo_dist.cluster import ray_utils
+from grpo_dist.cluster.ray_utils import free_port
+
+
+def test_ports_come_from_outside_the_ephemeral_range_and_rays_worker_ports():
+    lo, hi = ray_utils.ephemeral_range()
+    ports = [free_port() for _ in range(50)]
+    assert all(not lo <= p <= hi for p in ports), (lo, hi, ports)
+    assert all(not ray_utils.RAY_WORKER_PORTS[0] <= p <= ray_utils.RAY_WORKER_PORTS[1] for p in ports)
+    assert len(set(ports)) > 40  # drawn at random, not the same port each time
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", ports[0]))  # and free
+
+
+def test_a_port_in_use_is_skipped(monkeypatch):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        busy = free_port()
+        taken.bind(("127.0.0.1", busy))
+        other = free_port()
+        draws = iter([busy, busy, other])
+        monkeypatch.setattr(ray_utils, "_draw_port", lambda lo, hi: next(draws))
+        assert free_port() == other
+
+
+def test_without_room_outside_the_ephemeral_range_it_asks_the_kernel(monkeypatch):
+    monkeypatch.setattr(ray_utils, "ephemeral_range", lambda: (1024, 65535))
+    p = free_port()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", p))
