@@ -102,8 +102,9 @@ def test_streaming_staleness_buffer_and_early_scores(k, ray_cluster, pretrained_
     early = [sum(s < max(x["generated"]) for s in x["scored"]) for x in p.timeline]
     print(f"k={k}: groups scored before their batch's last group finished, per batch: {early}; "
           f"engines per group: {[x['ranks'] for x in p.timeline]}")
-    if k == 2:
-        assert all(set(x["ranks"]) == {0, 1} for x in p.timeline)  # both engines used every batch
+    if k == 2:  # both engines take groups (per batch it depends on what each still holds:
+        # dispatch by outstanding work is shown with known timings in tests/test_stream_pipeline.py)
+        assert {r for x in p.timeline for r in x["ranks"]} == {0, 1}
 
 
 def test_a_dead_engine_with_queued_groups_is_replaced_and_they_are_sent_again(
