@@ -107,17 +107,10 @@ def random_batch(n: int, prompt: int, completion: int, vocab: int, seed: int):
         behaviour_logprobs=[], advantages=[rng.gauss(0.0, 1.0) for _ in range(n)])
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_learner(args, mc: dict, gpu: bool) -> dict:
     import torch
 
+    from grpo_dist.cluster.ports import free_port
     from grpo_dist.config import config_from_dict
     from grpo_dist.learner import Learner
 

@@ -188,7 +188,7 @@ def cmd_doctor(args: argparse.Namespace, _: list[str]) -> int:
         import deepspeed
         import torch.distributed as dist
 
-        from grpo_dist.cluster.ray_utils import free_port
+        from grpo_dist.cluster.ports import free_port
 
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(free_port()))

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import socket
 
-from grpo_dist.cluster import ray_utils
-from grpo_dist.cluster.ray_utils import free_port
+from grpo_dist.cluster import ports as port_mod
+from grpo_dist.cluster.ports import free_port
 
 
 def test_ports_come_from_outside_the_ephemeral_range_and_rays_worker_ports():
-    lo, hi = ray_utils.ephemeral_range()
+    lo, hi = port_mod.ephemeral_range()
     ports = [free_port() for _ in range(50)]
     assert all(not lo <= p <= hi for p in ports), (lo, hi, ports)
-    assert all(not ray_utils.RAY_WORKER_PORTS[0] <= p <= ray_utils.RAY_WORKER_PORTS[1] for p in ports)
+    assert all(not port_mod.RAY_WORKER_PORTS[0] <= p <= port_mod.RAY_WORKER_PORTS[1] for p in ports)
     assert len(set(ports)) > 40  # drawn at random, not the same port each time
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", ports[0]))  # and free
@@ -30,12 +30,12 @@ def test_a_port_in_use_is_skipped(monkeypatch):
         taken.bind(("127.0.0.1", busy))
         other = free_port()
         draws = iter([busy, busy, other])
-        monkeypatch.setattr(ray_utils, "_draw_port", lambda lo, hi: next(draws))
+        monkeypatch.setattr(port_mod, "_draw_port", lambda lo, hi: next(draws))
         assert free_port() == other
 
 
 def test_without_room_outside_the_ephemeral_range_it_asks_the_kernel(monkeypatch):
-    monkeypatch.setattr(ray_utils, "ephemeral_range", lambda: (1024, 65535))
+    monkeypatch.setattr(port_mod, "ephemeral_range", lambda: (1024, 65535))
     p = free_port()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", p))

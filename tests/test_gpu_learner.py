@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,16 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpo_dist.cluster.ports import free_port
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 RANKS = Path(__file__).with_name("gpu_ranks.py")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_nccl_one_rank_learner_and_every_collective(tiny_model_dir, tmp_path, in_process_learners):
@@ -44,7 +39,7 @@ def test_nccl_one_rank_learner_and_every_collective(tiny_model_dir, tmp_path, in
         rollout={"prompts_per_step": 2, "group_size": 4, "max_tokens": 8},
         learner={"micro_batch_size": 2, "zero_stage": 2, "comm_backend": "nccl"},
         algo={"beta": 0.04, "top_entropy_frac": 0.5}, cluster={"learner_gpus": 1}))
-    learner = Learner(cfg, rank=0, world_size=1, master_port=_port())
+    learner = Learner(cfg, rank=0, world_size=1, master_port=free_port())
     learner.setup()
     assert dist.get_backend() == "nccl" and learner.device.type == "cuda"
     sys.path.insert(0, str(RANKS.parent))
@@ -68,7 +63,7 @@ def test_nccl_one_rank_learner_and_every_collective(tiny_model_dir, tmp_path, in
 
 
 def _run_ranks(world: int, backend: str, model_dir: Path, tmp: Path, timeout: float = 300):
-    port = _port()
+    port = free_port()
     outs = [tmp / f"w{world}_{backend}_r{r}.json" for r in range(world)]
     procs = [subprocess.Popen([sys.executable, str(RANKS), str(r), str(world), str(port), backend, str(model_dir),
                                str(outs[r])], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

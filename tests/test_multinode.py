@@ -33,7 +33,8 @@ def cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    from grpo_dist.cluster.ray_utils import free_port, shutdown_ray
+    from grpo_dist.cluster.ports import free_port
+    from grpo_dist.cluster.ray_utils import shutdown_ray
 
     shutdown_ray()
     dash = free_port()
@@ -332,7 +333,7 @@ def test_lost_learner_node_stops_naming_checkpoint_and_resume_command(cluster, l
     resumes. On the smaller cluster that resume is refused in seconds (the learner group needs two
     {trainer: 1} nodes); with a node added back it continues from step 1 to the end."""
     from grpo_dist.cluster.placement import PlacementError
-    from grpo_dist.cluster.ray_utils import free_port
+    from grpo_dist.cluster.ports import free_port
     from grpo_dist.trainer import Trainer, TrainingError
 
     lost_rollout_node_run[0].close()  # its learners hold n1 and n2

@@ -15,7 +15,8 @@ from typing import Any, Callable, Optional
 import ray
 
 from grpo_dist.cluster.placement import Placement, actor_specs, place
-from grpo_dist.cluster.ray_utils import ActorGroup, free_port
+from grpo_dist.cluster.ports import free_port
+from grpo_dist.cluster.ray_utils import ActorGroup
 from grpo_dist.config import Config
 from grpo_dist.devices import torch_threads
 from grpo_dist.learner import Learner

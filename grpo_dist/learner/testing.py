@@ -13,7 +13,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from grpo_dist.cluster.ray_utils import free_port
+from grpo_dist.cluster.ports import free_port
 from grpo_dist.config import Config, config_from_dict
 from grpo_dist.types import TrainBatch
 
