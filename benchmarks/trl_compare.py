@@ -25,6 +25,9 @@ Settings, run ``--rounds`` times in turn (round 1: all settings, round 2: all se
   sync2_bf16  sync2 with rollout.dtype bfloat16: the engines generate from bfloat16 weights, the
             learner stays float32
   sync2_bf16all  sync2 with model.dtype bfloat16: engines and learner in bfloat16 (DeepSpeed bf16)
+  sync2_c   sync2 with rollout.enforce_eager false (below)
+  sync2_bf16all_c  sync2_bf16all with rollout.enforce_eager false: vLLM compiles its CPU model
+            (torch.compile, inductor's C++ backend; ~30-40 s more start-up)
   trl_bf16  TRL with bf16=True (autocast to bfloat16 over the float32 weights)
   trl_bf16w TRL with the model loaded in bfloat16 and bf16=True
 The bf16 settings are not the issue's fp32 workload: the ratios are printed against the fastest TRL
@@ -76,11 +79,17 @@ SETTINGS: dict[str, dict[str, Any]] = {
                   label="grpo_dist sync (max_staleness 0), 2 vLLM workers on disjoint cores"),
     "async2": dict(kind="grpo", max_staleness=1, workers=2,
                    label="grpo_dist async (max_staleness 1), 2 vLLM workers on disjoint cores"),
+    "sync2_c": dict(kind="grpo", max_staleness=0, workers=2, overrides=["--rollout.enforce_eager", "false"],
+                    label="grpo_dist sync, 2 compiled vLLM workers (rollout.enforce_eager false), fp32"),
     "sync2_bf16": dict(kind="grpo", max_staleness=0, workers=2, precision="bf16", overrides=["--rollout.dtype", "bfloat16"],
                        label="grpo_dist sync, 2 vLLM workers, generation in bfloat16 (learner float32)"),
     "sync2_bf16all": dict(kind="grpo", max_staleness=0, workers=2, precision="bf16",
                           overrides=["--model.dtype", "bfloat16"],
                           label="grpo_dist sync, 2 vLLM workers, model.dtype bfloat16 (engines and learner)"),
+    "sync2_bf16all_c": dict(kind="grpo", max_staleness=0, workers=2, precision="bf16",
+                            overrides=["--model.dtype", "bfloat16", "--rollout.enforce_eager", "false"],
+                            label="grpo_dist sync, 2 compiled vLLM workers (rollout.enforce_eager false), "
+                                  "model.dtype bfloat16"),
 }
 # stage columns of the table: (key in the per-step records, header)
 STAGES = [("generate", "generate s"), ("ref_logp", "ref/old log-prob s"), ("update", "update s"),

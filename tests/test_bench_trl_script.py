@@ -54,7 +54,15 @@ def test_parse_defaults_and_overrides(tc):
                        tc.grpo_overrides("/nonexistent/model", 4, 0, "/tmp/out", tc.SETTINGS["sync2_bf16all"]["overrides"]))
     assert both.model.dtype == "bfloat16" and both.rollout.dtype is None
     assert [n for n in tc.SETTINGS if tc.precision(n) == "bf16"] == ["trl_bf16", "trl_bf16w", "sync2_bf16",
-                                                                       "sync2_bf16all"]
+                                                                       "sync2_bf16all", "sync2_bf16all_c"]
+    # the compiled-engine settings: the eager ones plus rollout.enforce_eager false
+    for eager, compiled in (("sync2", "sync2_c"), ("sync2_bf16all", "sync2_bf16all_c")):
+        c = load_config(os.path.join(ROOT, "configs", "tiny_cpu.yaml"), tc.grpo_overrides(
+            "/nonexistent/model", 4, 0, "/tmp/out", tc.SETTINGS[compiled].get("overrides", []), workers=2))
+        e = load_config(os.path.join(ROOT, "configs", "tiny_cpu.yaml"), tc.grpo_overrides(
+            "/nonexistent/model", 4, 0, "/tmp/out", tc.SETTINGS[eager].get("overrides", []), workers=2))
+        assert c.rollout.enforce_eager is False and e.rollout.enforce_eager is True
+        assert c.model.dtype == e.model.dtype and tc.precision(compiled) == tc.precision(eager)
 
 
 @pytest.mark.parametrize("argv", [["--settings", "nope"], ["--steps", "2", "--skip", "2"],
