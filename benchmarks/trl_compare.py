@@ -27,7 +27,7 @@ Settings, run ``--rounds`` times in turn (round 1: all settings, round 2: all se
   sync2_bf16all  sync2 with model.dtype bfloat16: engines and learner in bfloat16 (DeepSpeed bf16)
   sync2_c   sync2 with rollout.enforce_eager false (below)
   sync2_bf16all_c  sync2_bf16all with rollout.enforce_eager false: vLLM compiles its CPU model
-            (torch.compile, inductor's C++ backend; ~30-40 s more start-up)
+            (torch.compile, inductor's C++ backend; ~40 s more start-up for two engines on 2 cores)
   trl_bf16  TRL with bf16=True (autocast to bfloat16 over the float32 weights)
   trl_bf16w TRL with the model loaded in bfloat16 and bf16=True
 The bf16 settings are not the issue's fp32 workload: the ratios are printed against the fastest TRL
