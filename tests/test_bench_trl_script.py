@@ -47,20 +47,20 @@ def test_parse_defaults_and_overrides(tc):
     two = load_config(os.path.join(ROOT, "configs", "tiny_cpu.yaml"),
                       tc.grpo_overrides("/nonexistent/model", 4, 0, "/tmp/out", [], workers=2))
     assert two.rollout.num_workers == 2 and two.trainer.max_staleness == 0
-    bf16 = load_config(os.path.join(ROOT, "configs", "tiny_cpu.yaml"),
-                       tc.grpo_overrides("/nonexistent/model", 4, 0, "/tmp/out", tc.SETTINGS["sync2_bf16"]["overrides"]))
+
+    def setting_config(name, workers=1):  # a grpo_dist setting's config, as run_grpo builds it
+        return load_config(os.path.join(ROOT, "configs", "tiny_cpu.yaml"), tc.grpo_overrides(
+            "/nonexistent/model", 4, 0, "/tmp/out", tc.SETTINGS[name].get("overrides", []), workers=workers))
+
+    bf16 = setting_config("sync2_bf16")
     assert bf16.rollout.dtype == "bfloat16" and bf16.model.dtype == "float32"
-    both = load_config(os.path.join(ROOT, "configs", "tiny_cpu.yaml"),
-                       tc.grpo_overrides("/nonexistent/model", 4, 0, "/tmp/out", tc.SETTINGS["sync2_bf16all"]["overrides"]))
+    both = setting_config("sync2_bf16all")
     assert both.model.dtype == "bfloat16" and both.rollout.dtype is None
     assert [n for n in tc.SETTINGS if tc.precision(n) == "bf16"] == ["trl_bf16", "trl_bf16w", "sync2_bf16",
                                                                        "sync2_bf16all", "sync2_bf16all_c"]
     # the compiled-engine settings: the eager ones plus rollout.enforce_eager false
     for eager, compiled in (("sync2", "sync2_c"), ("sync2_bf16all", "sync2_bf16all_c")):
-        c = load_config(os.path.join(ROOT, "configs", "tiny_cpu.yaml"), tc.grpo_overrides(
-            "/nonexistent/model", 4, 0, "/tmp/out", tc.SETTINGS[compiled].get("overrides", []), workers=2))
-        e = load_config(os.path.join(ROOT, "configs", "tiny_cpu.yaml"), tc.grpo_overrides(
-            "/nonexistent/model", 4, 0, "/tmp/out", tc.SETTINGS[eager].get("overrides", []), workers=2))
+        c, e = setting_config(compiled, workers=2), setting_config(eager, workers=2)
         assert c.rollout.enforce_eager is False and e.rollout.enforce_eager is True
         assert c.model.dtype == e.model.dtype and tc.precision(compiled) == tc.precision(eager)
 

@@ -123,10 +123,10 @@ def test_adapter_dir_round_trip(tiny_model_dir, tmp_path):
     assert cfg["r"] == 8 and set(tensors) == set(upd.tensors)
 
 
-def hf_worker(model_dir, mode, *extra):
+def rollout_worker(model_dir, mode, *extra, backend="hf"):
     from grpo_dist.rollout.worker import RolloutWorker
 
-    cfg = load_config(None, ["--model.path", str(model_dir), "--rollout.backend", "hf", "--rollout.max_tokens", "6",
+    cfg = load_config(None, ["--model.path", str(model_dir), "--rollout.backend", backend, "--rollout.max_tokens", "6",
                              "--rollout.group_size", "2", "--learner.micro_batch_size", "4",
                              "--rollout.adapter_mode", mode, *extra])
     w = RolloutWorker(cfg)
@@ -144,7 +144,7 @@ def test_merged_and_lora_workers_serve_the_same_policy(tiny_model_dir, tmp_path)
     m.save_pretrained(str(tmp_path / "adapter"))
     out = {}
     for mode in ("lora", "merged"):
-        w = hf_worker(tiny_model_dir, mode)
+        w = rollout_worker(tiny_model_dir, mode)
         try:
             base = w.generate(recs, temperature=0.0)
             info = w.load_update(upd)
@@ -173,18 +173,6 @@ def test_merged_and_lora_workers_serve_the_same_policy(tiny_model_dir, tmp_path)
     assert [x[0] for x in flat(base)] == [x[0] for x in flat(base_again)]
 
 
-def vllm_worker(model_dir, eager: bool):
-    from grpo_dist.rollout.worker import RolloutWorker
-
-    cfg = load_config(None, ["--model.path", str(model_dir), "--rollout.max_tokens", "6", "--rollout.group_size", "2",
-                             "--learner.micro_batch_size", "4", "--rollout.adapter_mode", "merged",
-                             "--rollout.enforce_eager", str(eager).lower()])
-    assert cfg.rollout.enforce_eager is eager
-    w = RolloutWorker(cfg)
-    w.setup()
-    return w
-
-
 @pytest.mark.slow
 def test_compiled_vllm_engine_serves_each_merged_version(tiny_model_dir):
     """Greedy tokens and log-probs of the base, version 1 and version 2 (two different adapters)
@@ -203,8 +191,10 @@ def test_compiled_vllm_engine_serves_each_merged_version(tiny_model_dir):
             w.close()
         return [[(r.completion_ids, r.logprobs) for g in out for r in g.rollouts] for out in outs]
 
-    compiled = run(vllm_worker(tiny_model_dir, eager=False))
-    reference = run(hf_worker(tiny_model_dir, "merged"))
+    w = rollout_worker(tiny_model_dir, "merged", "--rollout.enforce_eager", "false", backend="vllm")
+    assert w.cfg.rollout.enforce_eager is False
+    compiled = run(w)
+    reference = run(rollout_worker(tiny_model_dir, "merged"))
     assert compiled[0] != compiled[1] != compiled[2]  # each version changed the policy
     for got, want in zip(compiled, reference):
         assert len(got) == len(want) == len(recs)  # greedy: one completion per prompt
@@ -221,7 +211,7 @@ def test_rollout_dtype_serves_a_rounded_copy_of_the_merged_policy(tiny_model_dir
     upd = as_update(peft_model(tiny_model_dir, seed=1), version=1)
     out = {}
     for dtype in ("float32", "bfloat16"):
-        w = hf_worker(tiny_model_dir, "merged", "--rollout.dtype", dtype)
+        w = rollout_worker(tiny_model_dir, "merged", "--rollout.dtype", dtype)
         try:
             assert {p.dtype for p in w.engine.model.parameters()} == {getattr(torch, dtype)}
             assert w.cfg.model.dtype == "float32" and w.merger.dtype == getattr(torch, dtype)
