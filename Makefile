@@ -12,7 +12,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export HF_HUB_OFFLINE ?= 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup test test-fast demo bench bench-pipeline bench-trl gpu-check clean-runs
+.PHONY: setup lint test test-fast demo bench bench-pipeline bench-trl gpu-check clean-runs
 
 setup: $(STAMP)
 
@@ -28,7 +28,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m grpo_dist.cli doctor --warmup
 	touch $(STAMP)
 
-test: $(STAMP)
+# The layer contract (pyproject [tool.importlinter]: no import circles, no upward imports) and the
+# linter run first: a circle or an unused import fails CI in seconds, before the suite.
+lint: $(STAMP)
+	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/ruff check grpo_dist tests benchmarks launch
+
+test: lint
 	$(PY) -m pytest tests -q --timeout 1800
 
 test-fast: $(STAMP)

@@ -110,7 +110,7 @@ def random_batch(n: int, prompt: int, completion: int, vocab: int, seed: int):
 def run_learner(args, mc: dict, gpu: bool) -> dict:
     import torch
 
-    from grpo_dist.cluster.ports import free_port
+    from grpo_dist.util.ports import free_port
     from grpo_dist.config import config_from_dict
     from grpo_dist.learner import Learner
 
@@ -300,7 +300,7 @@ def main() -> int:
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()
 
-    from grpo_dist.env import setup_env
+    from grpo_dist.util.procenv import setup_env
 
     setup_env()
     import torch

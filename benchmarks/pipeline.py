@@ -61,18 +61,19 @@ def cpu_line() -> str:
 
 def run(config: str, steps: int, skip: int, overrides: list[str]) -> dict[str, float]:
     from grpo_dist.config import load_config
-    from grpo_dist.trainer import Trainer
+    from grpo_dist.run.run import Run
+    from grpo_dist.train import train
 
     out = tempfile.mkdtemp(prefix="grpo_bench_")
     cfg = load_config(config, overrides + [
         "--output_dir", out, "--trainer.steps", str(steps),
         "--trainer.eval_before_after", "false", "--trainer.eval_every", "0", "--checkpoint.every", "0",
         "--logging.wandb_mode", "disabled", "--logging.progress", "false", "--logging.sample_table_every", "0"])
-    trainer = Trainer(cfg)
+    trainer = Run(cfg)
     try:
-        trainer.setup()
+        trainer.start()
         t0 = time.perf_counter()
-        trainer.run()
+        train(trainer)
         wall = time.perf_counter() - t0
     finally:
         trainer.close()
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     for m in models:
         if m not in MODELS:
             ap.error(f"--models: unknown {m!r} (tiny, small)")
-    from grpo_dist.env import setup_env
+    from grpo_dist.util.procenv import setup_env
 
     setup_env()
     grid = list(itertools.product(models, [int(w) for w in args.workers.split(",")],

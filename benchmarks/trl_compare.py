@@ -428,28 +428,27 @@ def run_trl(name: str, model: str, steps: int, threads: int, gradient_checkpoint
 
 def run_grpo(name: str, config: str, model: str, steps: int, extra: list[str]) -> dict[str, Any]:
     from grpo_dist.config import load_config
-    from grpo_dist.trainer import Trainer
+    from grpo_dist.run.run import Run
+    from grpo_dist.train import train
 
     out = tempfile.mkdtemp(prefix="grpo_bench_")
     spec = SETTINGS[name]
     cfg = load_config(config, grpo_overrides(model, steps, spec["max_staleness"], out,
                                              spec.get("overrides", []) + list(extra), workers=spec.get("workers", 1)))
     t0 = time.perf_counter()
-    trainer = Trainer(cfg)
-    share, train_step = CpuShare(), trainer.train_step
+    share = CpuShare()
 
-    def timed_step() -> dict[str, float]:  # who used the CPUs during each step
-        share.take()
-        m = train_step()
-        m.update({f"bench/{k}": v for k, v in share.take().items()})
-        return m
+    class TimedSteps:  # who used the CPUs during each step (from the end of the previous one)
+        def on_step(self, run, step, metrics, groups, batch):
+            metrics.update({f"bench/{k}": v for k, v in share.take().items()})
 
-    trainer.train_step = timed_step
+    trainer = Run(cfg, callbacks=(TimedSteps(),))
     try:
         try:
-            trainer.setup()
+            trainer.start()
             setup_s = time.perf_counter() - t0
-            trainer.run()
+            share.take()
+            train(trainer)
         finally:
             trainer.close()
     except Exception as e:  # a failing setting is a row of the table, not the end of the benchmark
@@ -670,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
                                                     gradient_checkpointing=args.trl_gradient_checkpointing))},
                          indent=1))
         return 0
-    from grpo_dist.env import setup_env
+    from grpo_dist.util.procenv import setup_env
 
     setup_env()
     cpu, vers = cpu_info(), versions()

@@ -55,9 +55,11 @@ def build_batch(groups: list[RolloutGroup], scores: RewardResult, group_size: in
                for r in rollouts]
     shaped = [x + s for x, s in zip(rewards, shaping)]
     adv = compute_advantages(shaped, group_size, algo)
-    masks = None
-    if algo.mask_truncated:
-        masks = [[0.0 if r.truncated else 1.0] * len(r.completion_ids) for r in rollouts]
+    masks = None  # all ones unless a trajectory holds environment tokens or truncated ones are masked
+    if algo.mask_truncated or any(r.loss_mask is not None for r in rollouts):
+        masks = [[0.0] * len(r.completion_ids) if algo.mask_truncated and r.truncated
+                 else [float(x) for x in r.loss_mask] if r.loss_mask is not None
+                 else [1.0] * len(r.completion_ids) for r in rollouts]
     batch = TrainBatch(
         prompt_ids=[r.prompt_ids for r in rollouts],
         completion_ids=[r.completion_ids for r in rollouts],
@@ -100,6 +102,12 @@ def rollout_metrics(rollouts, rewards: list[float], scores: RewardResult, group_
         "rollout/truncated_frac": sum(r.truncated for r in rollouts) / len(rollouts),
         "rollout/num_completions": float(len(rollouts)),
     }
+    if any(r.loss_mask is not None for r in rollouts):  # multi-turn: turns, environment tokens, why it stopped
+        masked = sum(len(r.loss_mask) - sum(r.loss_mask) for r in rollouts if r.loss_mask is not None)
+        m["rollout/turns_mean"] = sum(r.turns for r in rollouts) / len(rollouts)
+        m["rollout/env_token_frac"] = masked / max(1, sum(lengths))
+        for reason in sorted({r.stop_reason for r in rollouts if r.stop_reason}):
+            m[f"rollout/stop_reason/{reason}"] = float(sum(r.stop_reason == reason for r in rollouts))
     for name, values in scores.per_function.items():
         finite = [v for v in values if v is not None and math.isfinite(v)]
         m[f"reward/{name}"] = sum(finite) / max(1, len(finite))

@@ -77,7 +77,7 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.print_config:
         print(dump_config(cfg), end="")
         return 0
-    from grpo_dist.env import setup_env
+    from grpo_dist.util.procenv import setup_env
 
     setup_env()
     from grpo_dist.devices import check_devices
@@ -86,28 +86,29 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
         check_devices(cfg)
     except ConfigError as e:
         return _fail(str(e))
-    from grpo_dist import preflight
+    from grpo_dist.run import preflight
 
     try:  # model, reward plug-ins, data: one line and exit 2 before any actor starts
         preflight.check(cfg)
     except ConfigError as e:
         return _fail(str(e))
-    from grpo_dist.trainer import Trainer, TrainingError
     from grpo_dist.cluster.ray_utils import ClusterError, shutdown_ray
+    from grpo_dist.run.run import Run, TrainingError
+    from grpo_dist.train import train
 
     try:  # absolute output_dir (a relative one inside a Ray job is refused), run id
-        trainer = Trainer(cfg)
+        run = Run(cfg)
     except ConfigError as e:
         return _fail(str(e))
     try:
-        summary = trainer.run()
+        summary = train(run)
     except ConfigError as e:
         return _fail(str(e))
     except (ClusterError, TrainingError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     finally:
-        trainer.close()
+        run.close()
         shutdown_ray()
     _print_summary(summary)
     return 0
@@ -132,7 +133,7 @@ def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> int:
         return _fail(str(e))
     if args.adapter and not (Path(args.adapter) / "adapter_config.json").is_file():
         return _fail(f"--adapter: {args.adapter} is not a PEFT adapter directory (no adapter_config.json)")
-    from grpo_dist.env import setup_env
+    from grpo_dist.util.procenv import setup_env
 
     setup_env()
     from grpo_dist.devices import check_devices
@@ -141,13 +142,13 @@ def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> int:
         check_devices(cfg)
     except ConfigError as e:
         return _fail(str(e))
-    from grpo_dist import preflight
+    from grpo_dist.run import preflight
 
     try:
         preflight.check(cfg)
     except ConfigError as e:
         return _fail(str(e))
-    from grpo_dist.eval_cli import run_eval
+    from grpo_dist.run.eval_cmd import run_eval
 
     try:
         report = run_eval(cfg, args.adapter, args.out)
@@ -170,7 +171,7 @@ def cmd_make_tiny(args: argparse.Namespace, _: list[str]) -> int:
 
 def cmd_doctor(args: argparse.Namespace, _: list[str]) -> int:
     """Print the stack's versions; with --warmup compile DeepSpeed's CPU op into the project cache."""
-    from grpo_dist.env import setup_env
+    from grpo_dist.util.procenv import setup_env
 
     env = setup_env()
     import importlib
@@ -188,7 +189,7 @@ def cmd_doctor(args: argparse.Namespace, _: list[str]) -> int:
         import deepspeed
         import torch.distributed as dist
 
-        from grpo_dist.cluster.ports import free_port
+        from grpo_dist.util.ports import free_port
 
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(free_port()))

@@ -113,3 +113,8 @@ def choices(cfg: Config) -> list[str]:
     if cfg.trainer._auto_staleness:
         lines.append(cfg.trainer._auto_staleness)
     return lines
+
+
+def sleeps_while_learning(cfg: Config) -> bool:
+    """Colocated on GPU: the engine frees its GPU memory (sleep level 1) while the learner trains."""
+    return cfg.cluster.layout == "colocated" and cfg.cluster.rollout_gpus > 0 and cfg.rollout.backend == "vllm"

@@ -31,11 +31,15 @@ class PromptRecord:
 
 @dataclass
 class Rollout:
-    """One sampled completion for one prompt.
+    """One sampled trajectory for one prompt: a completion, or several turns with an environment.
 
-    ``logprobs[t]`` is the behaviour policy's log-prob of ``completion_ids[t]`` (the policy that
-    generated it, adapter ``adapter_version``), used for the importance ratio when rollouts are
-    stale and as ``old_logp`` when ``num_iterations == 1``.
+    ``completion_ids`` is every token after the prompt, in order: the sampled ones and, in a
+    multi-turn trajectory, the environment's messages between turns. ``loss_mask[t]`` is 1 for a
+    token the model sampled (the end-of-turn token included) and 0 for one the environment
+    added; None means all sampled (single turn). ``logprobs[t]`` is the behaviour policy's
+    log-prob of a sampled token (the policy that generated it, adapter ``adapter_version``; 0.0
+    where the mask is 0), used for the importance ratio when rollouts are stale and as
+    ``old_logp`` when ``num_iterations == 1``. ``completion`` is the text of ``completion_ids``.
     """
 
     prompt_id: int
@@ -47,6 +51,9 @@ class Rollout:
     finish_reason: str  # "stop" | "length"
     adapter_version: int
     columns: dict[str, Any] = field(default_factory=dict)
+    loss_mask: list[int] | None = None
+    turns: int = 1
+    stop_reason: str | None = None  # multi-turn: "done" (the environment ended it) | "max_turns" | "length"
 
     @property
     def truncated(self) -> bool:

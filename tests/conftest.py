@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
-from grpo_dist.env import setup_env
+sys.path.insert(0, str(Path(__file__).parent))  # tests import their shared helpers: `import e2e`
+
+from grpo_dist.util.procenv import setup_env
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network: local models and datasets only
 setup_env()
@@ -44,6 +47,15 @@ def pretrained_model_dir() -> Path:
     if not (out / INFO_FILE).is_file():
         make_tiny_model(str(out), size="tiny", seed=0, pretrain_task="add", log=None)
     return out
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One local Ray cluster for a module's runs (the first run starts it); shut down after."""
+    from grpo_dist.cluster.ray_utils import shutdown_ray
+
+    yield
+    shutdown_ray()
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ def batch(n: int, seed: int):
 
 
 def main(rank: int, world: int, port: int, backend: str, model_dir: str, out: str) -> None:
-    from grpo_dist.env import setup_env
+    from grpo_dist.util.procenv import setup_env
 
     setup_env()
     import torch

@@ -15,7 +15,7 @@ def groups(rewards_per_group, lengths=None, finish=None):
     out, k = [], 0
     for gi, rs in enumerate(rewards_per_group):
         rolls = []
-        for j, _ in enumerate(rs):
+        for _ in rs:
             n = lengths[k] if lengths else 3
             rolls.append(Rollout(prompt_id=gi, prompt="p", prompt_ids=[1, 2], completion="c",
                                  completion_ids=list(range(n)), logprobs=[-1.0] * n,

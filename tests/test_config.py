@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel
 
 from grpo_dist.config import Config, ConfigError, dump_config, load_config, parse_overrides
-from grpo_dist.presets import PRESETS
+from grpo_dist.config.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))

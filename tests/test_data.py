@@ -248,7 +248,7 @@ def _cfg(**data):
 
 
 def _load(cfg):
-    from grpo_dist.setup_run import load_data
+    from grpo_dist.run.prepare import load_data
 
     said = []
     train, evals = load_data(cfg, log_fn=said.append)

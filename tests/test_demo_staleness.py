@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import e2e
 import pytest
 
 from grpo_dist.config import load_config
+from grpo_dist.train import train
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,17 +23,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def demo(model_dir, out, k: int) -> dict:
     from grpo_dist.cluster.ray_utils import shutdown_ray
-    from grpo_dist.trainer import Trainer
 
     cfg = load_config(ROOT / "configs/tiny_cpu.yaml", {
         "output_dir": str(out), "model": {"path": str(model_dir), "make_if_missing": None},
         "trainer": {"max_staleness": k}, "checkpoint": {"every": 0},
         "data": {"eval_size": 1000},  # the whole eval split: 4000 samples, evaluation noise ~0.006
         "logging": {"wandb_mode": "disabled", "progress": False, "sample_table_every": 0}})
-    t = Trainer(cfg)
+    t = e2e.start(cfg)
     try:
-        t.setup()
-        summary = t.run()
+        summary = train(t)
     finally:
         t.close()
         shutdown_ray()

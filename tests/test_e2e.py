@@ -9,6 +9,7 @@ import json
 import math
 from pathlib import Path
 
+import e2e
 import pytest
 
 from grpo_dist.config import load_config
@@ -31,7 +32,6 @@ REQUIRED_METRICS = [
 @pytest.fixture(scope="module")
 def run(pretrained_model_dir, tmp_path_factory):
     from grpo_dist.cluster.ray_utils import shutdown_ray
-    from grpo_dist.trainer import Trainer
 
     out = tmp_path_factory.mktemp("e2e")
     cfg = load_config(ROOT / "configs" / "tiny_cpu.yaml", {
@@ -42,9 +42,7 @@ def run(pretrained_model_dir, tmp_path_factory):
         "data": {"eval_size": 64},
         "logging": {"sample_table_every": 5},
     })
-    trainer = Trainer(cfg)
-    trainer.setup()
-    summary = trainer.run()
+    trainer, summary = e2e.train_run(cfg, keep=True)  # the run the CLI makes: grpo_dist.train.train
     yield trainer, summary
     trainer.close()
     shutdown_ray()
@@ -107,14 +105,14 @@ def test_checkpoints_exist_and_load(run):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from grpo_dist.checkpoint import STATE_FILE, list_checkpoints
+    from grpo_dist.run.checkpoint import STATE_FILE, list_checkpoints
 
     trainer, _ = run
     ckpts = list_checkpoints(trainer.cfg.checkpoint_dir)
     assert [p.name for p in ckpts] == ["step_000010", f"step_{STEPS:06d}"]  # every 5, keep 2, + final
     last = ckpts[-1]
     state = json.loads((last / STATE_FILE).read_text())
-    assert state["step"] == STEPS and state["data"] == trainer.stream.state_dict()  # the final position
+    assert state["step"] == STEPS and state["data"] == trainer.rollouts.stream.state_dict()  # the final position
     data = state["data"]
     assert data["epoch"] * data["num_records"] + data["index"] == STEPS * trainer.cfg.rollout.prompts_per_step
     base = AutoModelForCausalLM.from_pretrained(trainer.cfg.model.path)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from grpo_dist.config import config_from_dict
-from grpo_dist.evaluation import EvalPlan, eval_metrics, plan_eval, summarise
-from grpo_dist.preflight import check_rewards
+from grpo_dist.reward.columns import EvalPlan, check_rewards, plan_eval
+from grpo_dist.run.evaluation import eval_metrics, summarise
 from grpo_dist.reward import RewardWorker
 from grpo_dist.data import PromptRecord
 from grpo_dist.types import Rollout, RolloutGroup
@@ -91,7 +91,7 @@ def test_preflight_eval_set_without_answers(tmp_path, tiny_model_dir):
     with only answer-checking rewards it is a one-line config error."""
     import json
 
-    from grpo_dist import preflight
+    from grpo_dist.run import preflight
     from grpo_dist.config import ConfigError
 
     train = tmp_path / "train.jsonl"

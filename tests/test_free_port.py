@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import socket
 
-from grpo_dist.cluster import ports as port_mod
-from grpo_dist.cluster.ports import free_port
+from grpo_dist.util import ports as port_mod
+from grpo_dist.util.ports import free_port
 
 
 def test_ports_come_from_outside_the_ephemeral_range_and_rays_worker_ports():

@@ -10,7 +10,7 @@ import pytest
 
 from grpo_dist.config import ConfigError, config_from_dict
 from grpo_dist.hub import is_hub_id, local_model_dir
-from grpo_dist.setup_run import prepare_model
+from grpo_dist.run.prepare import prepare_model
 
 
 def _cfg(path, **model):
@@ -64,7 +64,7 @@ def test_hub_id_from_the_cache(hf_cache, tiny_model_dir):
     cfg = _cfg("acme/tiny-add")
     prepare_model(cfg, log_fn=lambda m: None)
     assert local_model_dir("acme/tiny-add") == snap
-    from grpo_dist.preflight import check_model
+    from grpo_dist.run.preflight import check_model
 
     tok = check_model(cfg)
     assert tok("1+2=")["input_ids"]

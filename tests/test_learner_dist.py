@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_dist.cluster.ports import free_port
+from grpo_dist.util.ports import free_port
 from grpo_dist.learner.testing import random_batch, small_config, two_step_grads, two_step_rank, zero3_rank
 
 

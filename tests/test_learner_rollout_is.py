@@ -11,7 +11,7 @@ import torch
 
 from grpo_dist.algo import grpo_loss, rollout_is_weights
 from grpo_dist.learner import Learner
-from grpo_dist.cluster.ports import free_port
+from grpo_dist.util.ports import free_port
 from grpo_dist.learner.testing import loss_inputs, random_batch, randomize_lora, small_config
 
 pytestmark = pytest.mark.usefixtures("in_process_learners")

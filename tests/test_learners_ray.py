@@ -1,4 +1,4 @@
-"""Two learner ranks as Ray actors, driven by the Trainer: ZeRO-2 and ZeRO-3 train, checkpoint
+"""Two learner ranks as Ray actors, driven by the driver loop: ZeRO-2 and ZeRO-3 train, checkpoint
 (each rank's files shipped to the driver), resume, and end with the adapter that one learner
 trained on the same batches has.
 
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import e2e
 import pytest
 import torch
 
 from grpo_dist.config import load_config
-from grpo_dist.monitor.base import Monitor
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,16 +28,6 @@ def local_ray():
     shutdown_ray()
     yield
     shutdown_ray()
-
-
-class Recorder(Monitor):
-    def __init__(self, trainer, on_step=None):
-        self.trainer, self.batches, self.on_step = trainer, [], on_step
-
-    def log(self, metrics, step):
-        self.batches.append(self.trainer.last_batch)
-        if self.on_step is not None:
-            self.on_step(step)
 
 
 def config(model_dir, out, **over):
@@ -59,18 +49,17 @@ def config(model_dir, out, **over):
 
 
 def run(cfg):
-    from grpo_dist.trainer import Trainer
+    from grpo_dist.train import train
 
-    trainer = Trainer(cfg)
-    trainer.monitor = rec = Recorder(trainer)
+    rec = e2e.Recorder()
+    trainer = e2e.start(cfg, rec)
     try:
-        info = trainer.setup()
-        assert [r["torch_threads"] for r in info["learner"]] == [1] * cfg.learner.num_learners
+        assert [r["torch_threads"] for r in trainer.info["learner"]] == [1] * cfg.learner.num_learners
         start = trainer.step
-        trainer.run()
+        train(trainer)
     finally:
         trainer.close()
-    return start, rec.batches, trainer
+    return start, [s["batch"] for s in rec.steps], trainer
 
 
 def adapter_tensors(directory) -> dict[str, torch.Tensor]:
@@ -129,23 +118,18 @@ def test_hung_learner_stops_the_run_naming_checkpoint_and_resume_command(local_r
     import ray
 
     from grpo_dist.learner.testing import hang_next_train_step
-    from grpo_dist.trainer import Trainer, TrainingError
+    from grpo_dist.run.run import TrainingError
 
     out = tmp_path / "run"
     cfg = config(pretrained_model_dir, out, learner={"num_learners": 1, "micro_batch_size": 16},
                  checkpoint={"every": 1}, cluster={"learner_timeout_s": 15})
-    trainer = Trainer(cfg)
 
-    def on_step(step):
-        if step == 1:
-            ray.get(trainer.workers.learner.actors[0].debug_call.remote(hang_next_train_step, 600))
+    def hang(run, step):  # before step 2: the learner's next train step stalls
+        if step == 2:
+            ray.get(run.workers.learner.actors[0].debug_call.remote(hang_next_train_step, 600))
 
-    trainer.monitor = Recorder(trainer, on_step)
-    try:
-        with pytest.raises(TrainingError) as e:
-            trainer.run()
-    finally:
-        trainer.close()
+    with pytest.raises(TrainingError) as e:
+        e2e.train_run(cfg, e2e.Recorder(hang))
     msg = str(e.value)
     assert msg.startswith("learner worker 0: no answer within 15 s") and "\n" not in msg
     assert f"the last checkpoint is {out / 'checkpoints' / 'step_000001'} (step 1)" in msg
@@ -158,21 +142,20 @@ def test_colocated_layout_on_cpu_trains_in_shared_bundles(local_ray, pretrained_
     (placement only: no sleep mode without a GPU); the run trains and syncs as usual."""
     import ray
 
-    from grpo_dist.trainer import Trainer
+    from grpo_dist.train import train
 
     cfg = config(pretrained_model_dir, tmp_path / "run", learner={"num_learners": 2}, rollout={"num_workers": 2},
                  cluster={"layout": "colocated", "learner_cpus": 0.25, "rollout_cpus": 0.25}, trainer={"steps": 2},
                  checkpoint={"every": 0})
-    trainer = Trainer(cfg)
+    trainer = e2e.start(cfg)
     try:
-        trainer.setup()
         plans = trainer.workers.placement.plans
         assert set(plans) == {"learner+rollout", "reward"}
         assert plans["learner+rollout"].bundles == [{"CPU": 0.5}, {"CPU": 0.5}]
         table = ray.util.placement_group_table(trainer.workers.placement.groups["learner+rollout"])
         assert table["state"] == "CREATED" and table["strategy"] == "PACK"
-        summary = trainer.run()
-        assert summary["steps"] == 2 and not trainer._sleeps
+        summary = train(trainer)
+        assert summary["steps"] == 2 and not trainer.sleeps
         assert [h["version"] for h in ray.get([a.health.remote() for a in trainer.workers.rollout.actors])] == [2, 2]
     finally:
         trainer.close()

@@ -6,7 +6,7 @@ import math
 import time
 from pathlib import Path
 
-from grpo_dist.monitor import ConsoleMonitor, StepTimer, WandbMonitor, format_metrics, non_finite
+from grpo_dist.run.monitor import ConsoleMonitor, StepTimer, WandbMonitor, format_metrics, non_finite
 
 
 def test_step_timer_accumulates_phases():
@@ -46,7 +46,7 @@ def test_wandb_offline_writes_a_run(tmp_path):
 
 def test_wandb_from_config_is_the_one_setup_of_train_and_eval(tmp_path):
     from grpo_dist.config import load_config
-    from grpo_dist.setup_run import make_monitor
+    from grpo_dist.run.prepare import make_monitor
 
     cfg = load_config(None, ["--output_dir", str(tmp_path), "--logging.wandb_mode", "offline",
                              "--logging.project", "grpo_dist-test"])
@@ -63,7 +63,7 @@ def test_wandb_from_config_is_the_one_setup_of_train_and_eval(tmp_path):
 
 
 def test_sync_clocks_take_the_slowest_worker_of_each_phase():
-    from grpo_dist.monitor import sync_clocks
+    from grpo_dist.sync.weight_sync import sync_clocks
 
     answers = [{"seconds": 0.3, "merge_s": 0.1, "write_s": 0.05, "load_s": 0.1},
                {"seconds": 0.2, "merge_s": 0.02, "write_s": 0.08, "load_s": 0.09}]

@@ -19,10 +19,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import e2e
 import pytest
 
 from grpo_dist.config import load_config
-from grpo_dist.monitor.base import Monitor
+from grpo_dist.run.monitor.base import Monitor
+from grpo_dist.train import train
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +35,7 @@ def cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    from grpo_dist.cluster.ports import free_port
+    from grpo_dist.util.ports import free_port
     from grpo_dist.cluster.ray_utils import shutdown_ray
 
     shutdown_ray()
@@ -108,18 +110,22 @@ class Hook(Monitor):
 
 
 def trainer_with_hook(cfg, on_step):
-    from grpo_dist.setup_run import make_monitor
-    from grpo_dist.trainer import Trainer
+    """A Run whose monitor calls ``on_step(step)`` when a step is logged (before its checkpoint);
+    ``run.rec`` records every batch."""
+    from grpo_dist.run.prepare import make_monitor
+    from grpo_dist.run.run import Run
 
-    trainer = Trainer(cfg)
+    rec = e2e.Recorder()
+    trainer = Run(cfg, callbacks=(rec,))
     trainer.monitor = Hook(make_monitor(trainer.cfg), on_step)
+    trainer.rec = rec
     return trainer
 
 
 def test_gpu_and_colocated_bundles_land_where_layout_and_strategy_say(cluster):
     """Placement only (probe actors in the bundles, no engines): learner GPU bundles on the two
     GPU nodes, one each (STRICT_SPREAD); colocated learner rank i shares a node with engine i."""
-    from grpo_dist.cluster.actors import RewardActor
+    from grpo_dist.run.workers import RewardActor
     from grpo_dist.cluster.placement import actor_specs, place
     from grpo_dist.cluster.ray_utils import ActorGroup
 
@@ -233,7 +239,7 @@ def test_job_submitted_to_the_cluster_writes_every_output_to_the_requested_dir(c
     path: tests/test_outputs.py)."""
     import sys
 
-    from grpo_dist.outputs import SUBMIT_DIR_ENV
+    from grpo_dist.run.outputs import SUBMIT_DIR_ENV
 
     # Simulation artefact: every "node" here shares one session dir, so each node's runtime-env agent
     # unpacks the job's working_dir into the same path and replaces the driver's cwd under it
@@ -274,7 +280,7 @@ def lost_rollout_node_run(cluster, pretrained_model_dir, tmp_path_factory):
             cluster.remove_node(cluster.nodes_by_name["n3"])
 
     trainer = trainer_with_hook(multinode_config(pretrained_model_dir, out), on_step)
-    summary = trainer.run()
+    summary = train(trainer)
     seen["after"] = {"rollout": where(trainer.workers.rollout)}
     yield trainer, summary, seen
     trainer.close()
@@ -302,7 +308,7 @@ def test_lost_rollout_node_engines_are_rescheduled_and_no_group_is_lost(cluster,
     # every prompt group of the stream trained exactly once, in order: none lost, none doubled
     stream = PromptStream(trainer.train_records, seed=trainer.cfg.trainer.seed, shuffle=trainer.cfg.data.shuffle)
     expected = [r.id for _ in range(4) for r in stream.next_batch(4)]
-    assert trainer.trained_prompt_ids == expected and len(expected) == 16
+    assert trainer.rec.prompt_ids == expected and len(expected) == 16
     # every engine, on whichever node, serves the final adapter version
     assert [h["version"] for h in ray.get([a.health.remote() for a in trainer.workers.rollout.actors])] == [4, 4]
 
@@ -333,8 +339,8 @@ def test_lost_learner_node_stops_naming_checkpoint_and_resume_command(cluster, l
     resumes. On the smaller cluster that resume is refused in seconds (the learner group needs two
     {trainer: 1} nodes); with a node added back it continues from step 1 to the end."""
     from grpo_dist.cluster.placement import PlacementError
-    from grpo_dist.cluster.ports import free_port
-    from grpo_dist.trainer import Trainer, TrainingError
+    from grpo_dist.util.ports import free_port
+    from grpo_dist.run.run import Run, TrainingError
 
     lost_rollout_node_run[0].close()  # its learners hold n1 and n2
     cluster.nodes_by_name["n4"] = cluster.add_node(num_cpus=2, resources={"gen": 2}, dashboard_agent_listen_port=free_port())
@@ -348,7 +354,7 @@ def test_lost_learner_node_stops_naming_checkpoint_and_resume_command(cluster, l
     trainer = trainer_with_hook(multinode_config(pretrained_model_dir, out, trainer={"steps": 3}), on_step)
     try:
         with pytest.raises(TrainingError) as e:
-            trainer.run()
+            train(trainer)
     finally:
         trainer.close()
     msg = str(e.value)
@@ -359,14 +365,14 @@ def test_lost_learner_node_stops_naming_checkpoint_and_resume_command(cluster, l
 
     resumed_cfg = load_config(out / "config.yaml", {"checkpoint": {"resume": "auto"}})
     with pytest.raises(PlacementError, match="learner group .*STRICT_SPREAD.* needs 2 nodes"):
-        Trainer(resumed_cfg).setup()
+        Run(resumed_cfg).start()
     cluster.nodes_by_name["n5"] = cluster.add_node(num_cpus=1, resources={"trainer": 1}, dashboard_agent_listen_port=free_port())
     cluster.wait_for_nodes()
-    trainer = Trainer(resumed_cfg)
+    trainer = Run(resumed_cfg)
     try:
-        trainer.setup()
+        trainer.start()
         assert trainer.step == 1 and trainer.cfg.trainer.run_id == json.loads((out / "run.json").read_text())["run_id"]
-        summary = trainer.run()
+        summary = train(trainer)
         # the records cover the whole run: step 1 from the checkpoint, steps 2 and 3 trained now
         assert summary["steps"] == 3 and [h["step"] for h in trainer.history] == [1.0, 2.0, 3.0]
         assert len(summary["reward_curve"]) == 3

@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from grpo_dist.config import ConfigError, load_config
-from grpo_dist.outputs import SUBMIT_DIR_ENV, resolve_outputs, resume_command
+from grpo_dist.run.outputs import SUBMIT_DIR_ENV, resolve_outputs, resume_command
 
 JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in a submitted job's driver
 

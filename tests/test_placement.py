@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_dist.cluster.placement import PlacementError, check_feasible, plan
+from grpo_dist.config.placement import PlacementError, check_feasible, plan
 from grpo_dist.config import ConfigError, load_config
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from grpo_dist.reward.columns import check_rewards
+
 from grpo_dist.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,7 +171,7 @@ def _cfg(model, **over):
 
 
 def test_overlong_prompts_dropped_counted_and_logged(bad, tiny_model_dir, caplog):
-    from grpo_dist import preflight
+    from grpo_dist.run import preflight
 
     rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(5)]
     rows += [{"prompt": "1+" * k + "1=", "answer": str(k + 1)} for k in (10, 20)]
@@ -177,22 +179,37 @@ def test_overlong_prompts_dropped_counted_and_logged(bad, tiny_model_dir, caplog
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = _cfg(tiny_model_dir, data__path=str(p), data__overlong_prompts="drop", data__max_prompt_tokens=20)
     said = []
-    with caplog.at_level(logging.WARNING, logger="grpo_dist.preflight"):
+    with caplog.at_level(logging.WARNING, logger="grpo_dist.run.preflight"):
         checked = preflight.check(cfg, log_fn=said.append)
     assert checked.dropped == {"train": 2} and [r.prompt for r in checked.train] == [r["prompt"] for r in rows[:5]]
     assert checked.longest["train"] <= 20 and checked.max_prompt_tokens == 20
     assert said == [m for m in caplog.messages if "dropped" in m] and "dropped 2 of 7 prompts longer than 20" in said[0]
-    # the same config is checked once per process: Trainer.setup gets the cached records
+    # the same config is checked once per process: Run.start gets the cached records
     assert preflight.prepared_data(cfg)[0] is checked.train
     with pytest.raises(ConfigError, match=r"data\.path: 2 of 7 prompts .* longer than 20 tokens"):
         preflight.check(_cfg(tiny_model_dir, data__path=str(p), data__max_prompt_tokens=20))
 
 
+def test_the_data_is_checked_once_per_train_command(tiny_model_dir, tmp_path, monkeypatch):
+    """`grpo-dist train` checks the config (CLI), then the Run resolves its outputs (absolute
+    output_dir, a run id) and starts: its start must reuse the CLI's check, not load the data,
+    the tokenizer and the rewards again (it did: the resolved config missed the cache)."""
+    from grpo_dist.run import preflight
+    from grpo_dist.run.outputs import resolve_outputs
+
+    monkeypatch.chdir(tmp_path)  # the relative output_dir resolves here
+    cfg = _cfg(tiny_model_dir)
+    cfg.output_dir = "runs/once"
+    checked = preflight.check(cfg, log_fn=lambda *_: None)
+    resolved = resolve_outputs(cfg)
+    assert resolved.trainer.run_id and resolved.output_dir == str(tmp_path / "runs" / "once")
+    assert preflight.prepared_data(resolved)[0] is checked.train  # the cached records: loaded once
+
+
 def test_reward_columns_are_found_for_builtins_plugins_and_composites(bad, tiny_model_dir):
-    from grpo_dist import preflight
 
     cfg = _cfg(tiny_model_dir, reward__functions=[
         {"fn": "format"}, {"fn": f"{bad['dir']}/needs_col.py:f", "kwargs": {"difficulty": 1}},
         {"fn": "composite", "name": "mix", "kwargs": {"components": [{"fn": "correctness"}, {"fn": "length"}]}}])
-    need = {name: cols for name, (_, cols) in preflight.check_rewards(cfg).items()}
+    need = {name: cols for name, (_, cols) in check_rewards(cfg).items()}
     assert need == {"format": set(), "f": set(), "mix": {"answer"}}

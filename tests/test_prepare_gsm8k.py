@@ -61,7 +61,7 @@ def test_prepare_command_and_recipe_data(tmp_path):
     assert rows[1]["solution"] == TRAIN[1]["answer"]
 
     # the recipe's data section on these files: eval_path auto finds test.jsonl
-    from grpo_dist.setup_run import load_data
+    from grpo_dist.run.prepare import load_data
 
     cfg = load_config(ROOT / "configs" / "gsm8k_qwen2.5_0.5b.yaml",
                       {"data": {"path": str(out / "train.jsonl"), "chat_template": False}})

@@ -1,8 +1,10 @@
-"""Every algo.preset runs end to end (Ray, rollout + reward + DeepSpeed learner actors) and the
-learner's train/loss equals grpo_dist.algo called directly on the same batch. Dynamic sampling
-never trains on a zero-spread group and stops at its bound.
+"""The algorithm's options end to end (Ray, rollout + reward + DeepSpeed learner actors): the grpo
+preset's train/loss equals grpo_dist.algo called directly on the same batch (every preset is
+checked in-process by tests/test_presets.py); dynamic sampling never trains on a zero-spread
+group and stops at its bound; reference refresh; async rollouts; full fine-tuning; both adapter
+modes; the filesystem transport; dead, hung and NaN-producing actors.
 
-The transformers rollout backend keeps each run to seconds (vLLM is covered by test_e2e.py);
+The transformers rollout backend keeps each run to seconds (vLLM where the engine matters);
 one local Ray cluster serves every run of the module.
 """
 
@@ -13,68 +15,37 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_dist.algo import aggregate, grpo_loss, weighted_nll_loss
-from grpo_dist.config import load_config
+from grpo_dist.algo import grpo_loss
+import e2e
+from test_presets import direct_loss
+from grpo_dist.config.presets import PRESETS
 from grpo_dist.learner.testing import loss_inputs, set_lr
-from grpo_dist.presets import PRESETS
-from grpo_dist.rollout.testing import hang_next_generate
+from grpo_dist.testing.rollout import hang_next_generate
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    from grpo_dist.cluster.ray_utils import shutdown_ray
-
-    yield
-    shutdown_ray()
-
-
-def run_trainer(model_dir, out, overrides):
-    from grpo_dist.trainer import Trainer
-
-    base = {
-        "output_dir": str(out), "model": {"path": str(model_dir), "make_if_missing": None},
-        "rollout": {"backend": "hf", "num_workers": 1, "prompts_per_step": 4, "group_size": 4, "max_tokens": 5},
-        "learner": {"micro_batch_size": 8}, "trainer": {"steps": 2, "eval_before_after": False},
-        "checkpoint": {"every": 0}, "logging": {"wandb_mode": "disabled", "progress": False},
-    }
-    for k, v in overrides.items():
-        base.setdefault(k, {}).update(v)
-    trainer = Trainer(load_config(ROOT / "configs/tiny_cpu.yaml", base))
-    trainer.setup()
-    trainer.run()
-    return trainer
+def run_trainer(model_dir, out, overrides, recorder=None, keep=True):
+    """A short run through the driver (``e2e.overrides`` updated by ``overrides``); the run is
+    left open for the test to inspect (the caller closes it)."""
+    run, _ = e2e.train_run(e2e.config(model_dir, out, **overrides), recorder, keep=keep)
+    return run
 
 
-def direct_loss(cfg, t):
-    """grpo_dist.algo on the learner's tensors, configured from the preset (num_iterations == 1:
-    the ratio's denominator is the detached policy itself)."""
-    a = cfg.algo
-    logp, mask, adv = t["logp"].double(), t["mask"], t["advantages"].double()
-    ref = t["ref_logp"].double() if "ref_logp" in t else None
-    kl_target = logp if a.kl_reference == "old" else ref
-    if a.loss == "clip":
-        loss, _ = grpo_loss(logp, logp, kl_target if a.beta > 0 else None, adv, mask, beta=a.beta,
-                            clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip, kl_kind=a.kl_kind,
-                            agg=a.agg, max_len=a.max_len or cfg.rollout.max_tokens, ratio_level=a.ratio_level)
-        return float(loss)
-    per_token, _ = weighted_nll_loss(logp, adv, mask)
-    return float(aggregate(per_token, mask, a.agg, max_len=cfg.rollout.max_tokens))
-
-
-@pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_preset_runs_and_matches_algo(preset, ray_cluster, pretrained_model_dir, tmp_path):
+def test_grpo_preset_end_to_end_matches_algo(ray_cluster, pretrained_model_dir, tmp_path):
+    """The default preset through the whole pipeline: the learner actor's loss on the last batch
+    equals grpo_dist.algo on the tensors it saw (every preset: tests/test_presets.py, in-process)."""
     import ray
 
-    trainer = run_trainer(pretrained_model_dir, tmp_path, {"algo": {"preset": preset}})
+    preset, rec = "grpo", e2e.Recorder()
+    trainer = run_trainer(pretrained_model_dir, tmp_path, {"algo": {"preset": preset}}, rec)
     try:
         assert trainer.step == 2 and len(trainer.history) == 2
         for k, v in PRESETS[preset].items():
             assert getattr(trainer.cfg.algo, k) == v
         learner = trainer.workers.learner.actors[0]
-        batch = trainer.last_batch
+        batch = rec.last_batch
         tensors = ray.get(learner.debug_call.remote(loss_inputs, batch))
         metrics = ray.get(learner.train_step.remote(batch))  # same weights: the loss before the update
         expected = direct_loss(trainer.cfg, tensors)
@@ -110,7 +81,7 @@ def test_dynamic_sampling_with_zero_extra_rounds_keeps_everything(ray_cluster, p
             assert h["rollout/sampling_rounds"] == 0 and h["rollout/pass_rate"] == 1.0
             assert h["rollout/frac_reward_zero_std"] == 1.0 and h["reward/pattern"] == 1.0  # all zero-spread ...
             assert h["rollout/num_completions"] == 16  # ... and all kept
-        assert trainer.stream.state_dict()["index"] == 2 * 4  # one round of 4 prompts per step, no refills
+        assert trainer.rollouts.stream.state_dict()["index"] == 2 * 4  # one round of 4 prompts per step, no refills
     finally:
         trainer.close()
 
@@ -141,8 +112,9 @@ def test_async_rollouts_overlap_the_update_and_correct_with_the_behaviour_logpro
 
     import ray
 
+    rec = e2e.Recorder()
     trainer = run_trainer(pretrained_model_dir, tmp_path, {
-        "trainer": {"steps": 4, "async_rollouts": True}, "checkpoint": {"every": 2}})
+        "trainer": {"steps": 4, "async_rollouts": True}, "checkpoint": {"every": 2}}, rec)
     try:
         h = trainer.history
         assert trainer.cfg.trainer.max_staleness == 1  # async_rollouts: the alias of one step ahead
@@ -159,7 +131,7 @@ def test_async_rollouts_overlap_the_update_and_correct_with_the_behaviour_logpro
         assert state["data"]["epoch"] == 0 and state["data"]["index"] == 2 * 4  # 3 batches drawn, 2 trained
 
         learner = trainer.workers.learner.actors[0]
-        batch = trainer.last_batch  # generated by version 2, the learner is at 4
+        batch = rec.last_batch  # generated by version 2, the learner is at 4
         assert set(batch.adapter_versions) == {2}
         t = ray.get(learner.debug_call.remote(loss_inputs, batch))
         metrics = ray.get(learner.train_step.remote(batch))
@@ -294,17 +266,17 @@ def test_filesystem_transport_carries_the_updates(ray_cluster, pretrained_model_
 def test_dead_rollout_actor_stops_the_run_with_a_clear_error(ray_cluster, pretrained_model_dir, tmp_path):
     import ray
 
-    from grpo_dist.cluster.ray_utils import ClusterError
+    from grpo_dist.run.run import TrainingError
 
     trainer = run_trainer(pretrained_model_dir, tmp_path, {"rollout": {"num_workers": 2}, "trainer": {"steps": 1},
                                                            "cluster": {"max_restarts": 0}})
     try:
         ray.kill(trainer.workers.rollout.actors[1], no_restart=True)
-        with pytest.raises(ClusterError) as e:
-            trainer.train_step()
+        with pytest.raises(TrainingError) as e:
+            e2e.more_steps(trainer)
         msg = str(e.value)
         assert msg.startswith("rollout worker 1 died:") and "\n" not in msg
-        assert "cluster.max_restarts=0" in msg
+        assert "cluster.max_restarts=0" in msg and "stopped at step 1" in msg and "resume with:" in msg
     finally:
         trainer.close()
 
@@ -315,33 +287,34 @@ def test_dead_actors_are_replaced_and_their_work_reissued(ray_cluster, pretraine
     budget (cluster.max_restarts) is respected. A learner death is never 'recovered'."""
     import ray
 
-    from grpo_dist.cluster.ray_utils import ClusterError
+    from grpo_dist.run.run import TrainingError
 
+    rec = e2e.Recorder()
     trainer = run_trainer(pretrained_model_dir, tmp_path, {
-        "rollout": {"num_workers": 2}, "trainer": {"steps": 2}, "cluster": {"max_restarts": 3}})
+        "rollout": {"num_workers": 2}, "trainer": {"steps": 2}, "cluster": {"max_restarts": 3}}, rec)
     try:
         w = trainer.workers
         old = w.rollout.actors[1]
         ray.kill(old, no_restart=True)
         ray.kill(w.reward.actors[0], no_restart=True)
         with caplog.at_level("WARNING", logger="grpo_dist.cluster"):
-            m = trainer.train_step()
+            m = e2e.more_steps(trainer)
         assert m["cluster/restarts"] == 2 and w.rollout.actors[1] is not old
         assert sum("replacing it" in r.getMessage() for r in caplog.records) == 2
         health = ray.get([a.health.remote() for a in w.rollout.actors])
         assert [h["version"] for h in health] == [3, 3] == [int(m["sync/version"])] * 2
         assert m["rollout/num_completions"] == 16
         # the replacement generated with the weights of version 2 (restored), like its peer
-        assert set(trainer.last_batch.adapter_versions) == {2}
+        assert set(rec.last_batch.adapter_versions) == {2}
 
         ray.kill(w.rollout.actors[1], no_restart=True)  # dies before the weights reach it
-        s = trainer.sync()
+        s = trainer.sync.push(3, wait=True)  # the driver's push of version 3 again
         assert trainer.recovery.restarts == 3 and s["sync/version"] == 3
         assert [h["version"] for h in ray.get([a.health.remote() for a in w.rollout.actors])] == [3, 3]
 
         ray.kill(w.rollout.actors[0], no_restart=True)  # budget used up: a clear stop
-        with pytest.raises(ClusterError, match=r"rollout worker 0 died: .*max_restarts=3"):
-            trainer.train_step()
+        with pytest.raises(TrainingError, match=r"rollout worker 0 died: .*max_restarts=3"):
+            e2e.more_steps(trainer)
     finally:
         trainer.close()
 
@@ -362,7 +335,7 @@ def test_hung_rollout_actor_is_killed_and_replaced(ray_cluster, pretrained_model
         hung = w.rollout.actors[0]
         ray.get(hung.debug_call.remote(hang_next_generate, 600))
         t0 = time.perf_counter()
-        m = trainer.train_step()
+        m = e2e.more_steps(trainer)
         assert time.perf_counter() - t0 < 300
         assert m["cluster/restarts"] == 1 and w.rollout.actors[0] is not hung
         assert m["rollout/num_completions"] == 16
@@ -377,7 +350,7 @@ def test_nan_from_the_learner_stops_before_sync(ray_cluster, pretrained_model_di
     learner's train/param_norm says so and the run stops loudly before that adapter is synced."""
     import ray
 
-    from grpo_dist.trainer import TrainingError
+    from grpo_dist.run.run import TrainingError
 
     trainer = run_trainer(pretrained_model_dir, tmp_path, {"trainer": {"steps": 1}})
     try:
@@ -385,7 +358,7 @@ def test_nan_from_the_learner_stops_before_sync(ray_cluster, pretrained_model_di
         ray.get(learner.debug_call.remote(set_lr, float("inf")))
         version = ray.get(trainer.workers.rollout.actors[0].health.remote())["version"]
         with pytest.raises(TrainingError, match="non-finite metrics from the learner") as e:
-            trainer.train_step()
+            e2e.more_steps(trainer)
         assert "train/param_norm" in str(e.value) and "\n" not in str(e.value)
         assert ray.get(trainer.workers.rollout.actors[0].health.remote())["version"] == version
     finally:

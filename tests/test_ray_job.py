@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_dist.cluster.ports import free_port
+from grpo_dist.util.ports import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

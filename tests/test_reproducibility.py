@@ -1,4 +1,4 @@
-"""Same seed, same run: whole Trainer runs on the real stack (local Ray, DeepSpeed learner, W&B off).
+"""Same seed, same run: whole runs on the real stack (local Ray, DeepSpeed learner, W&B off).
 
 Each completion's sampling seed is derived from (trainer seed, step, prompt index, sample
 index), so runs with one or two vLLM rollout workers sample the same tokens, two runs with the
@@ -11,24 +11,12 @@ bounds that difference (it never changes a token here, and in sync mode the loss
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import e2e
 import pytest
 
-from grpo_dist.config import load_config
-
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
 STEPS = 3
 VARIES = ("timing/", "perf/", "sync/seconds", "train/logprob_diff_behaviour_")  # clocks, and see above
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    from grpo_dist.cluster.ray_utils import shutdown_ray
-
-    yield
-    shutdown_ray()
 
 
 def run(model_dir, out, backend: str, workers: int, seed: int = 0, steps: int = STEPS, kill_before: int = 0):
@@ -36,30 +24,16 @@ def run(model_dir, out, backend: str, workers: int, seed: int = 0, steps: int = 
     ``kill_before=k``: rollout worker ``workers - 1`` is killed just before step k (and replaced)."""
     import ray
 
-    from grpo_dist.trainer import Trainer
+    def kill(run, step):
+        if step == kill_before:
+            ray.kill(run.workers.rollout.actors[-1], no_restart=True)
 
-    class Recording(Trainer):
-        def train_step(self):
-            if len(self.seen) + 1 == kill_before:
-                ray.kill(self.workers.rollout.actors[-1], no_restart=True)
-            m = super().train_step()
-            self.seen.append((self.last_batch.completion_ids, self.last_batch.behaviour_logprobs))
-            return m
-
-    cfg = load_config(ROOT / "configs/tiny_cpu.yaml", {
-        "output_dir": str(out), "model": {"path": str(model_dir), "make_if_missing": None},
-        "rollout": {"backend": backend, "num_workers": workers, "prompts_per_step": 4, "group_size": 4},
-        "learner": {"micro_batch_size": 16}, "trainer": {"steps": steps, "seed": seed, "eval_before_after": False},
-        "checkpoint": {"every": 0}, "logging": {"wandb_mode": "disabled", "progress": False}})
-    t = Recording(cfg)
-    t.seen = []
-    try:
-        t.setup()
-        t.run()
-    finally:
-        t.close()
+    rec = e2e.Recorder(kill)
+    cfg = e2e.config(model_dir, out, workers=workers, steps=steps, rollout={"backend": backend, "max_tokens": 6},
+                     learner={"micro_batch_size": 16}, trainer={"steps": steps, "seed": seed, "eval_before_after": False})
+    t, _ = e2e.train_run(cfg, rec)
     steady = [{k: v for k, v in h.items() if not k.startswith(VARIES)} for h in t.history]
-    return steady, [c for c, _ in t.seen], [lp for _, lp in t.seen]
+    return steady, [s["completion_ids"] for s in rec.steps], [s["logprobs"] for s in rec.steps]
 
 
 def test_same_seed_twice_gives_identical_metrics(ray_cluster, pretrained_model_dir, tmp_path):

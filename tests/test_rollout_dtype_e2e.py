@@ -6,9 +6,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import e2e
 import pytest
 
 from grpo_dist.config import load_config
+from grpo_dist.train import train
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,8 +21,6 @@ def test_bfloat16_engine_float32_learner(pretrained_model_dir, tmp_path):
     to ~2e-6, tests/test_e2e.py) at every step, each merged version reloaded into bfloat16 weights;
     the IS weights stay within the threshold and the updates are finite."""
     from grpo_dist.cluster.ray_utils import shutdown_ray
-    from grpo_dist.trainer import Trainer
-
     threshold = 2.0
     cfg = load_config(ROOT / "configs/tiny_cpu.yaml", {
         "output_dir": str(tmp_path), "model": {"path": str(pretrained_model_dir), "make_if_missing": None},
@@ -31,10 +31,10 @@ def test_bfloat16_engine_float32_learner(pretrained_model_dir, tmp_path):
         "checkpoint": {"every": 0}, "logging": {"wandb_mode": "disabled", "progress": False},
     })
     assert cfg.model.dtype == "float32" and cfg.rollout.dtype == "bfloat16"
-    trainer = Trainer(cfg)
+    h = []
+    trainer = e2e.start(cfg)
     try:
-        trainer.setup()
-        trainer.run()
+        train(trainer)
         h = trainer.history
         assert [x["train/version"] for x in h] == [1.0, 2.0, 3.0]
         for x in h:
@@ -47,4 +47,4 @@ def test_bfloat16_engine_float32_learner(pretrained_model_dir, tmp_path):
         print([{k.removeprefix("train/"): round(x[k], 6) for k in ("train/logprob_diff_behaviour_mean",
                "train/logprob_diff_behaviour_max", "train/is_weight_mean", "train/is_clipped_frac")} for x in h])
         trainer.close()
-        shutdown_ray()  # the local cluster the Trainer started
+        shutdown_ray()  # the local cluster the run started

@@ -2,7 +2,7 @@
 
 A completion is a function of (trainer seed, step, prompt index, sample index) and the weights:
 not of the worker, its rank, the shard it got or the other prompts in its batch.
-tests/test_reproducibility.py checks the same on vLLM and whole Trainer runs.
+tests/test_reproducibility.py checks the same on vLLM and whole runs.
 """
 
 from __future__ import annotations

@@ -34,10 +34,10 @@ def cfg():
 def _pipeline(cfg, engines: int = 2, capacity: int = 8):
     import ray
 
-    from grpo_dist.cluster.actors import create_reward
+    from grpo_dist.run.workers import create_reward
     from grpo_dist.cluster.placement import ActorSpec
     from grpo_dist.cluster.ray_utils import ActorGroup
-    from grpo_dist.cluster.stream import StreamPipeline
+    from grpo_dist.rollout.stream import StreamPipeline
 
     class SlowEngine:
         """A streaming rollout actor's ``generate_group``, without vLLM: ``record["delay"]``
@@ -71,16 +71,12 @@ def test_a_finished_group_is_scored_while_its_batch_is_still_generating(cfg):
     p = _pipeline(cfg)
     try:
         pend = p.submit(1, _records(1, [SLOW, 0, 0, 0]), [None] * 4)
-        groups = p.collect(pend)
-        x = p.timeline[-1]
-        assert [g.prompt_id for g in groups] == [10, 11, 12, 13]  # prompt order, whatever finished first
-        slow_done = x["generated"][0]
-        assert all(s < slow_done - SLOW / 2 for s in x["scored"][1:]), x  # scored at once, not with the batch
-        assert x["scored"][0] >= slow_done
-        r = p.score(groups)
-        assert r.total == [1.0, 0.0] * 4  # the real reward function's scores, in prompt order
-        with pytest.raises(KeyError, match="not collected"):
-            p.score(groups)  # each group is scored once
+        sc = p.scored(pend)
+        assert [g.prompt_id for g in sc.groups] == [10, 11, 12, 13]  # prompt order, whatever finished first
+        # the three fast groups were scored before the slow one finished generating (an in-order
+        # reward actor would score none of them before the slow group's scoring: 0)
+        assert sc.metrics["rollout/groups_scored_early"] == 3.0, sc.metrics
+        assert sc.scores.total == [1.0, 0.0] * 4  # the real reward function's scores, in prompt order
     finally:
         p.rollout.kill()
         p.reward.kill()
@@ -90,7 +86,7 @@ def test_groups_go_to_the_engine_with_the_least_outstanding_work(cfg):
     """Static shards would put the second batch's groups on engines [0, 1, 0]; engine 0 still
     holds the slow group, so the pipeline sends them to [1, 0, 1]. The buffer refuses a batch past
     its capacity."""
-    from grpo_dist.cluster.stream import BufferFull
+    from grpo_dist.rollout.stream import BufferFull
 
     p = _pipeline(cfg, capacity=7)
     try:
@@ -106,9 +102,9 @@ def test_groups_go_to_the_engine_with_the_least_outstanding_work(cfg):
         with pytest.raises(BufferFull, match="capacity 7"):
             p.submit(3, _records(3, [0]), [None])
         assert len(p.queue) == 2  # the refused batch was not queued
-        for pend in (first, second):
-            p.score(p.collect(pend))
-        assert [x["ranks"] for x in p.timeline] == [[0, 1, 0, 1], [1, 0, 1]]
+        per_engine = [p.scored(pend).metrics for pend in (first, second)]
+        assert [(m["rollout/groups_on_engine/0"], m["rollout/groups_on_engine/1"]) for m in per_engine] == \
+            [(2.0, 2.0), (1.0, 2.0)]
     finally:
         p.rollout.kill()
         p.reward.kill()

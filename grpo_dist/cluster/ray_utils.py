@@ -16,7 +16,7 @@ import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from grpo_dist.config import Config
-from grpo_dist.env import setup_env
+from grpo_dist.util.procenv import setup_env
 
 if TYPE_CHECKING:
     from grpo_dist.cluster.placement import ActorSpec, Placement

@@ -14,8 +14,9 @@ every one is logged as a warning and counted in ``cluster/restarts``. Not replac
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
+from grpo_dist.cluster.actors import on_nodes
 from grpo_dist.cluster.ray_utils import ClusterError
 from grpo_dist.config import Config
 
@@ -25,10 +26,10 @@ REPLACEABLE = ("rollout", "reward")
 
 
 class Recovery:
-    def __init__(self, cfg: Config, workers, latest_update: Callable[[], Any]):
-        """``latest_update()``: a Ray ref to the learner's current ``AdapterUpdate``, or None
-        while the rollout workers still serve the base model (version 0)."""
-        self.cfg, self.workers, self.latest_update = cfg, workers, latest_update
+    def __init__(self, cfg: Config, workers, on_replace: Optional[Callable[[int, Any, float], None]] = None):
+        """``on_replace(rank, actor, timeout)``: brings a replaced (set-up) rollout engine to the
+        learner's newest weights (``WeightSync.on_replace``)."""
+        self.cfg, self.workers, self.on_replace = cfg, workers, on_replace
         self.restarts = 0
 
     def run(self, fn: Callable[..., T], *args, **kwargs) -> T:
@@ -55,8 +56,6 @@ class Recovery:
     def _engine_place(self, rank: int) -> tuple[int, int, int]:
         """Rollout engine ``rank``'s (engines on its node, its index there, learner ranks there),
         as ``start_workers`` passes them to ``setup`` (the CPUs it binds); (1, 0, 0) if unknown."""
-        from grpo_dist.cluster.actors import on_nodes
-
         try:
             timeout = self.cfg.cluster.actor_start_timeout_s
             engines, nodes = on_nodes(self.workers.rollout, timeout)
@@ -74,6 +73,5 @@ class Recovery:
             group.get([actor.names.remote()], timeout=timeout, ranks=[rank])
             return
         group.get([actor.setup.remote(*self._engine_place(rank))], timeout=timeout, ranks=[rank])
-        update = self.latest_update()
-        if update is not None:
-            group.get([actor.load_update.remote(update)], timeout=timeout, ranks=[rank])
+        if self.on_replace is not None:
+            self.on_replace(rank, actor, timeout)

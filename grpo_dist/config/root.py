@@ -95,7 +95,7 @@ class Config(Section):
         if self.cluster.address is None and self.cluster.num_cpus is not None:
             # the local cluster is one node with num_cpus CPUs (GPUs: grpo_dist.devices checks them)
             # and no custom resources: the same per-node check the placement does on a real cluster
-            from grpo_dist.cluster.placement import PlacementError, check_feasible, plan
+            from grpo_dist.config.placement import PlacementError, check_feasible, plan
 
             node = {"CPU": float(self.cluster.num_cpus), "GPU": self.resource_demand()["GPU"]}
             try:

@@ -7,7 +7,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from grpo_dist.presets import PRESETS, apply_preset
+from grpo_dist.config.presets import PRESETS, apply_preset
 
 
 class ConfigError(ValueError):
@@ -126,7 +126,14 @@ class RolloutConfig(Section):
     streaming: bool = Field(False, description="Streaming pipeline (vLLM only): each rollout actor runs vLLM's async "
                             "engine and takes one request per group continuously, groups go to the engine with the fewest "
                             "outstanding groups, each finished group to a reward actor at once, scored groups wait in a "
-                            "bounded buffer (grpo_dist/cluster/stream.py). false: batches of prompts per engine.")
+                            "bounded buffer (grpo_dist/rollout/stream.py). false: batches of prompts per engine.")
+    env: str = Field("single_turn", description="The environment each trajectory talks to (grpo_dist/envs): "
+                     "single_turn (one completion per prompt), or 'module:Class' / 'file.py:Class' with reset(record) "
+                     "and step(completion) -> EnvStep; its messages are appended as tokens with loss mask 0.")
+    env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment's "
+                                       "constructor.")
+    max_turns: int = Field(4, gt=0, description="Assistant turns per trajectory at most (multi-turn environments); "
+                           "a trajectory cut here has stop_reason max_turns.")
 
     @field_validator("group_size")
     @classmethod
@@ -139,6 +146,9 @@ class RolloutConfig(Section):
     def _streaming(self):
         if self.streaming and self.backend != "vllm":
             raise ValueError("rollout.streaming needs rollout.backend vllm (its async engine)")
+        if self.streaming and self.env != "single_turn":
+            raise ValueError("rollout.env: multi-turn environments run in the batch pipeline for now "
+                             "(set rollout.streaming false)")
         return self
 
 

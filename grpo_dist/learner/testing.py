@@ -13,7 +13,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from grpo_dist.cluster.ports import free_port
+from grpo_dist.util.ports import free_port
 from grpo_dist.config import Config, config_from_dict
 from grpo_dist.types import TrainBatch
 
@@ -137,7 +137,7 @@ def two_step_grads(learner, batch: TrainBatch, batch2: TrainBatch) -> dict[str, 
 def spawned_rank(cfg: Config, rank: int, world: int, port: int) -> Iterator[Any]:
     """Inside a ``torch.multiprocessing.spawn`` target: environment, one torch thread, and a set-up
     learner of rank ``rank`` of ``world``, shut down (process group destroyed) on exit."""
-    from grpo_dist.env import setup_env
+    from grpo_dist.util.procenv import setup_env
 
     setup_env()
     torch.set_num_threads(1)

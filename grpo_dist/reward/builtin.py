@@ -353,7 +353,7 @@ def pattern_reward(prompts: Sequence[Any], completions: Sequence[Any], regex: An
 
 # ----------------------------------------------------------------------------- composite
 
-def _components(components: Any) -> list[tuple[str, Any, float, dict]]:
+def composite_components(components: Any) -> list[tuple[str, Any, float, dict]]:
     if not isinstance(components, (list, tuple)) or not components:
         raise ValueError("components must be a non-empty list of {fn, weight, kwargs}")
     out = []
@@ -371,7 +371,7 @@ def _components(components: Any) -> list[tuple[str, Any, float, dict]]:
 
 
 def _check_composite(components: Any = None) -> None:
-    for spec, fn, _, options in _components(components):
+    for spec, fn, _, options in composite_components(components):
         check_options(spec, fn, options)
 
 
@@ -384,7 +384,7 @@ def composite_reward(prompts: Sequence[Any], completions: Sequence[Any], compone
     applicable") add 0; a failing component makes the composite fail; NaN propagates."""
     n = len(completions)
     total = [0.0] * n
-    for spec, fn, weight, options in _components(components):
+    for spec, fn, weight, options in composite_components(components):
         values = call_reward(fn, prompts, completions, options, columns)
         if values is None or isinstance(values, (str, bytes, dict)) or len(values) != n:
             got = len(values) if hasattr(values, "__len__") else type(values).__name__

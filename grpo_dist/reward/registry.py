@@ -21,15 +21,12 @@ builtin name is registered before a lookup.
 from __future__ import annotations
 
 import functools
-import hashlib
-import importlib
-import importlib.util
 import inspect
-import sys
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterable
+
+from grpo_dist.util.plugins import load_object
 
 __all__ = ["NamedReward", "build_reward_fns", "builtin_names", "call_reward", "get_reward_fn",
            "register_reward"]
@@ -47,7 +44,6 @@ class _Entry:
 
 
 _REGISTRY: dict[str, _Entry] = {}
-_FILE_MODULES: dict[Path, Any] = {}
 _LOCK = threading.Lock()
 
 
@@ -113,6 +109,12 @@ def _qualified(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
+def registered_options(fn: Any) -> frozenset[str] | None:
+    """The option names of ``fn`` if it is a registered reward function (None for a plug-in)."""
+    entry = next((e for e in list(_REGISTRY.values()) if e.fn is fn), None)
+    return None if entry is None else entry.options
+
+
 def builtin_names() -> list[str]:
     """Sorted names currently registered (the builtins plus registered plug-ins)."""
     return sorted(_REGISTRY)
@@ -131,71 +133,11 @@ def get_reward_fn(spec: str) -> RewardFn:
                 f"{', '.join(sorted(_REGISTRY))}); a plug-in is given as 'module.path:function' "
                 f"or 'path/to/file.py:function'")
         return entry.fn
-    target, _, attr = spec.rpartition(":")
-    if not target or not attr:
-        raise ValueError(f"bad reward function spec {spec!r}: expected 'module.path:function' "
-                         f"or 'path/to/file.py:function'")
-    if target.endswith(".py") or "/" in target or "\\" in target:
-        path = Path(target).expanduser().resolve()
-        module = _load_file(spec, path)
-        where = f"file {str(path)!r}"
-    else:
-        module = _import_module(spec, target)
-        where = f"module {target!r}"
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-            raise ValueError(f"reward function {spec!r}: {where} has no attribute {attr!r} "
-                             f"(callables there: {', '.join(public[:20]) or 'none'})") from None
+    obj, where = load_object(spec, "reward function", "function")
     if not callable(obj):
-        raise ValueError(f"reward function {spec!r}: {attr!r} in {where} is not callable "
+        raise ValueError(f"reward function {spec!r}: {spec.rpartition(':')[2]!r} in {where} is not callable "
                          f"(it is a {type(obj).__name__})")
     return obj
-
-
-def _import_module(spec: str, name: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        missing = e.name or ""
-        if missing and (name == missing or name.startswith(missing + ".")):
-            raise ValueError(f"reward function {spec!r}: module {name!r} not found "
-                             f"(is it installed or on PYTHONPATH?)") from e
-        raise ValueError(f"reward function {spec!r}: importing module {name!r} failed: {e}") from e
-    except Exception as e:  # the plug-in itself is broken (syntax error, raising import, ...)
-        raise ValueError(f"reward function {spec!r}: importing module {name!r} failed: "
-                         f"{type(e).__name__}: {e}") from e
-
-
-def _load_file(spec: str, path: Path) -> Any:
-    if not path.is_file():
-        raise ValueError(f"reward function {spec!r}: file {str(path)!r} not found")
-    with _LOCK:
-        module = _FILE_MODULES.get(path)
-        if module is not None:
-            return module
-        digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
-        mod_name = f"grpo_dist_reward_plugin_{_identifier(path.stem)}_{digest}"
-        try:
-            mspec = importlib.util.spec_from_file_location(mod_name, path)
-            if mspec is None or mspec.loader is None:
-                raise ImportError("not a loadable Python file")
-            module = importlib.util.module_from_spec(mspec)
-            sys.modules[mod_name] = module  # before exec: dataclasses/pickle look modules up here
-            mspec.loader.exec_module(module)
-        except Exception as e:
-            sys.modules.pop(mod_name, None)
-            raise ValueError(f"reward function {spec!r}: loading file {str(path)!r} failed: "
-                             f"{type(e).__name__}: {e}") from e
-        _FILE_MODULES[path] = module
-        return module
-
-
-def _identifier(s: str) -> str:
-    return "".join(c if c.isalnum() or c == "_" else "_" for c in s)
 
 
 def default_name(spec: str) -> str:

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from grpo_dist.rollout.seeds import SeedKey
-from grpo_dist.rollout.worker import RolloutWorker
+from grpo_dist.rollout.worker import RolloutWorker, generator_kwargs
 from grpo_dist.types import AdapterUpdate, RolloutGroup
 
 
@@ -27,6 +27,15 @@ def resident_versions(cfg) -> int:
 
 class StreamingRolloutWorker(RolloutWorker):
     _lock: asyncio.Lock | None = None
+
+    def _make_engine(self, seed: int):
+        """vLLM's async engine; the LoRA versions in use at once stay loaded."""
+        if self.cfg.rollout.backend != "vllm":
+            raise ValueError("rollout.streaming needs rollout.backend: vllm")
+        from grpo_dist.rollout.async_vllm import AsyncVLLMGenerator
+
+        kw = generator_kwargs(self.cfg, seed)
+        return AsyncVLLMGenerator(kw.pop("model_path"), max_cpu_loras=resident_versions(self.cfg), **kw)
 
     def setup(self, *args, **kwargs) -> dict[str, Any]:
         info = super().setup(*args, **kwargs)
@@ -56,11 +65,14 @@ class StreamingRolloutWorker(RolloutWorker):
         return [self._group(rec, pids, samples, version) for rec, pids, (samples, version) in zip(prompts, ids, outs)]
 
     async def load_update(self, payload: object) -> dict[str, float]:
-        """Serve version v+1 to the groups started from now on (in-flight ones finish with theirs)."""
+        """The engine half of a payload transport: receive version v+1 and serve it (:meth:`load_weights`)."""
+        return await self.load_weights(self.transport.receive(payload))
+
+    async def load_weights(self, update: AdapterUpdate) -> dict[str, float]:
+        """Serve ``update`` to the groups started from now on (in-flight ones finish with theirs)."""
         t0 = time.perf_counter()
         async with self._loads():
             current = self.version
-            update = self.transport.receive(payload)
             if update.version <= current and current > 0:  # a newer load overtook this one
                 return {"version": current, "bytes": update.nbytes, "seconds": 0.0, "skipped": 1.0}
             update, path, nbytes, clocks = await asyncio.to_thread(self._store_update, update)

@@ -1,6 +1,6 @@
 """RolloutWorker: one inference engine + the adapter version it serves.
 
-A plain class (testable without Ray); ``grpo_dist.cluster`` wraps it as a Ray actor. It
+A plain class (testable without Ray); ``grpo_dist.run.workers`` makes it a Ray actor. It
 tokenises prompts itself, so the ``Rollout`` carries the exact prompt ids the learner must use.
 """
 
@@ -11,9 +11,11 @@ import time
 from typing import Any
 
 from grpo_dist.config import Config
-from grpo_dist.devices import BIND_ENV, adapter_mode, engine_cpus, torch_threads
+from grpo_dist.devices import BIND_ENV, adapter_mode, engine_cpus, sleeps_while_learning, torch_threads
 from grpo_dist.rollout.base import Generator, SamplingSpec
+from grpo_dist.envs.base import env_factory
 from grpo_dist.rollout.seeds import SeedKey, sample_seeds
+from grpo_dist.rollout.turns import run_trajectories
 from grpo_dist.sync import AdapterStore, make_transport
 from grpo_dist.sync.merge import LoraMerger, read_adapter_dir
 from grpo_dist.types import AdapterUpdate, Rollout, RolloutGroup
@@ -21,30 +23,27 @@ from grpo_dist.types import AdapterUpdate, Rollout, RolloutGroup
 log = logging.getLogger("grpo_dist.rollout")
 
 
+def generator_kwargs(cfg: Config, seed: int) -> dict[str, Any]:
+    """The constructor arguments of a vLLM generator (sync or async) for ``cfg``."""
+    return dict(model_path=cfg.model.path, max_model_len=cfg.model.max_model_len,
+                enable_lora=adapter_mode(cfg)[0] == "lora", lora_rank=cfg.lora.r, max_loras=cfg.rollout.max_loras,
+                enforce_eager=cfg.rollout.enforce_eager, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+                cpu_kvcache_gb=cfg.rollout.cpu_kvcache_gb, enable_sleep_mode=sleeps_while_learning(cfg),
+                dtype=cfg.rollout.dtype or cfg.model.dtype, seed=seed, trust_remote_code=cfg.model.trust_remote_code)
+
+
 def make_generator(cfg: Config, seed: int) -> Generator:
-    common = dict(dtype=cfg.rollout.dtype or cfg.model.dtype, seed=seed, trust_remote_code=cfg.model.trust_remote_code)
+    """The batch engine of ``rollout.backend`` (the streaming worker makes its own, async one)."""
     if cfg.rollout.backend == "vllm":
         from grpo_dist.rollout.vllm_engine import VLLMGenerator
 
-        engine_cls, extra = VLLMGenerator, {}
-        if cfg.rollout.streaming:  # vLLM's async engine (grpo_dist/rollout/async_vllm.py)
-            from grpo_dist.rollout.async_vllm import AsyncVLLMGenerator as engine_cls
-            from grpo_dist.rollout.stream_worker import resident_versions
-
-            extra = {"max_cpu_loras": resident_versions(cfg)}  # LoRA versions in use at once stay loaded
-        return engine_cls(
-            cfg.model.path, max_model_len=cfg.model.max_model_len, enable_lora=adapter_mode(cfg)[0] == "lora",
-            lora_rank=cfg.lora.r, max_loras=cfg.rollout.max_loras, enforce_eager=cfg.rollout.enforce_eager,
-            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, cpu_kvcache_gb=cfg.rollout.cpu_kvcache_gb,
-            enable_sleep_mode=sleeps_while_learning(cfg), **common, **extra)
+        kw = generator_kwargs(cfg, seed)
+        return VLLMGenerator(kw.pop("model_path"), **kw)
     from grpo_dist.rollout.hf_engine import HFGenerator
 
-    return HFGenerator(cfg.model.path, max_batch_size=cfg.rollout.hf_max_batch_size, **common)
-
-
-def sleeps_while_learning(cfg: Config) -> bool:
-    """Colocated on GPU: the engine frees its GPU memory (sleep level 1) while the learner trains."""
-    return cfg.cluster.layout == "colocated" and cfg.cluster.rollout_gpus > 0 and cfg.rollout.backend == "vllm"
+    return HFGenerator(cfg.model.path, max_batch_size=cfg.rollout.hf_max_batch_size,
+                       dtype=cfg.rollout.dtype or cfg.model.dtype, seed=seed,
+                       trust_remote_code=cfg.model.trust_remote_code)
 
 
 class RolloutWorker:
@@ -57,6 +56,8 @@ class RolloutWorker:
         self.merger: LoraMerger | None = None  # rollout.adapter_mode merged: the base weights
         self._asleep = False  # colocated on GPU: weights and KV cache released for the learner
         self.transport = make_transport(cfg)
+        r = cfg.rollout  # the single-turn environment is the plain generate path
+        self.make_env = None if r.env == "single_turn" else env_factory(r.env, r.env_kwargs)
 
     # -- lifecycle -------------------------------------------------------------------------
     def setup(self, peers_on_node: int = 1, index_on_node: int = 0, learners_on_node: int = 0) -> dict[str, Any]:
@@ -72,7 +73,7 @@ class RolloutWorker:
             os.environ[BIND_ENV] = bind  # read by the engine process started below
         t0 = time.perf_counter()
         seed = self.cfg.rollout.seed if self.cfg.rollout.seed is not None else self.cfg.trainer.seed
-        self.engine = make_generator(self.cfg, seed=seed + 1000 * self.rank)
+        self.engine = self._make_engine(seed + 1000 * self.rank)
         mode, _ = adapter_mode(self.cfg)
         # merged: the engine copies a version in when it reloads, so only the newest is kept on disk
         keep = 1 if mode == "merged" else self.cfg.sync.keep_versions
@@ -84,6 +85,9 @@ class RolloutWorker:
             self.merger = LoraMerger(local_model_dir(self.cfg.model.path), dtype=dtype)
         return {"rank": self.rank, "backend": self.cfg.rollout.backend, "adapter_mode": mode, "cpus": bind or why,
                 "startup_s": time.perf_counter() - t0}
+
+    def _make_engine(self, seed: int) -> Generator:
+        return make_generator(self.cfg, seed)
 
     def ready(self) -> bool:
         return self.engine is not None
@@ -109,6 +113,9 @@ class RolloutWorker:
         ``(seed, 0, record id)``; with neither, the engine's own random stream is used."""
         assert self.engine is not None, "call setup() first"
         spec, seeds, ids = self._prepare(prompts, n, temperature, seed, keys)
+        if self.make_env is not None:  # a multi-turn environment: trajectories, token in, token out
+            return run_trajectories(self.engine, prompts, ids, spec, seeds, self.make_env, self.cfg.rollout.max_turns,
+                                    self.cfg.model.max_model_len, self.version)
         samples = self.engine.generate(ids, spec, seeds=seeds)
         return [self._group(rec, pids, outs, self.version) for rec, pids, outs in zip(prompts, ids, samples)]
 
@@ -135,9 +142,19 @@ class RolloutWorker:
 
     # -- weight sync -----------------------------------------------------------------------
     def load_update(self, payload: object) -> dict[str, float]:
-        """Receive version v+1 (LoRA adapter or full weights) and serve it from now on."""
+        """The engine half of a payload transport (``sync.transport`` object_store / filesystem):
+        receive version v+1 and serve it from now on (:meth:`load_weights`)."""
         t0 = time.perf_counter()
-        update, path, nbytes, clocks = self._store_update(self.transport.receive(payload))
+        out = self.load_weights(self.transport.receive(payload))
+        out["seconds"] = time.perf_counter() - t0
+        return out
+
+    def load_weights(self, update: AdapterUpdate) -> dict[str, float]:
+        """Serve ``update`` (named tensors: a LoRA adapter or full weights, versioned) from now on,
+        whatever carried it; colocated on GPU the sleeping engine wakes its weights first, then
+        its KV cache. The answer: version, bytes received, seconds, where they went."""
+        t0 = time.perf_counter()
+        update, path, nbytes, clocks = self._store_update(update)
         t1 = time.perf_counter()
         asleep, self._asleep = self._asleep, False
         if asleep:  # weights first, then the KV cache: waking both at once is the known OOM

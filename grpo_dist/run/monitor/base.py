@@ -53,7 +53,7 @@ class MultiMonitor(Monitor):
 
 
 def non_finite(metrics: dict[str, float]) -> list[str]:
-    """Names of metrics that are NaN or infinite (the trainer refuses to go on silently)."""
+    """Names of metrics that are NaN or infinite (the run refuses to go on silently)."""
     return [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
 
 
@@ -76,11 +76,3 @@ class StepTimer:
         m = {f"timing/{k}": v for k, v in self.t.items()}
         m["timing/step"] = time.perf_counter() - self.start
         return m
-
-
-def sync_clocks(results: list[dict[str, float]]) -> dict[str, float]:
-    """``timing/sync_merge|write|load``: where the rollout workers' weight loads spent their time
-    (merging an adapter into the base, writing the version, the engine loading it), the slowest
-    worker's of each; from the ``load_update`` answers that carry them."""
-    return {f"timing/sync_{k[:-2]}": max(r[k] for r in results) for k in ("merge_s", "write_s", "load_s")
-            if results and all(k in r for r in results)}

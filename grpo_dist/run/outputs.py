@@ -63,7 +63,7 @@ def resume_command(cfg: Config) -> str:
 
 def resume_hint(cfg: Config) -> str:
     """Where a stopped run can continue from, and how."""
-    from grpo_dist.checkpoint import list_checkpoints
+    from grpo_dist.run.checkpoint import list_checkpoints
 
     found = list_checkpoints(cfg.checkpoint_dir)
     last = (f"the last checkpoint is {found[-1]} (step {int(found[-1].name.split('_')[1])})" if found

@@ -87,7 +87,7 @@ def load_data(cfg: Config, log_fn=print) -> tuple[list[Any], list[Any]]:
 
 
 def make_monitor(cfg: Config):
-    from grpo_dist.monitor import ConsoleMonitor, MultiMonitor, WandbMonitor
+    from grpo_dist.run.monitor import ConsoleMonitor, MultiMonitor, WandbMonitor
 
     wb = WandbMonitor.from_config(cfg)
     multi = MultiMonitor([wb, ConsoleMonitor(enabled=cfg.logging.progress)])

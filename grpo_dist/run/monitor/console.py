@@ -8,7 +8,7 @@ import sys
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from grpo_dist.monitor.base import Monitor
+from grpo_dist.run.monitor.base import Monitor
 
 _SHOW = [("rollout/reward_mean", "reward", "{:.3f}"), ("train/kl", "kl", "{:.4f}"),
          ("train/loss", "loss", "{:+.4f}"), ("timing/step", "s/step", "{:.1f}"),

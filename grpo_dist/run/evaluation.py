@@ -1,4 +1,4 @@
-"""Held-out evaluation through the same rollout and reward workers the trainer uses.
+"""Held-out evaluation through the same rollout and reward workers training uses.
 
 The eval set follows the data (``data.eval_path: auto``, see :mod:`grpo_dist.data.heldout`) and
 is scored with the configured reward functions:
@@ -20,62 +20,19 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from grpo_dist.config import Config
+from grpo_dist.reward.columns import EvalPlan, check_rewards, plan_eval
 
-if TYPE_CHECKING:  # plan_eval is used by the pre-flight check, before torch or Ray are imported
+if TYPE_CHECKING:
     from grpo_dist.cluster.ray_utils import ActorGroup
 
 EVAL_SEED = 1234
 CORRECT_AT = 1.0  # a reference-checking reward at or above this marks a completion correct
 
-log = logging.getLogger("grpo_dist.evaluation")
+log = logging.getLogger("grpo_dist.run.evaluation")
 _said: set[str] = set()
-
-
-@dataclass
-class EvalPlan:
-    """Which configured rewards score this eval set: ``used`` (config order), ``skipped``
-    (name -> the columns it needs and the eval set lacks) and ``accuracy`` (the used rewards
-    that check a reference column)."""
-
-    used: list[str]
-    skipped: dict[str, list[str]] = field(default_factory=dict)
-    accuracy: list[str] = field(default_factory=list)
-
-    def describe(self) -> str | None:
-        """The log line for an eval set that cannot be scored like training (None if it can)."""
-        if self.skipped:
-            why = "; ".join(f"{n} needs {', '.join(repr(c) for c in cols)}" for n, cols in self.skipped.items())
-            acc = "" if self.accuracy else "; no accuracy or pass@k"
-            return (f"evaluation: the eval set lacks columns some rewards need ({why}): scoring with "
-                    f"{', '.join(self.used) or 'no reward'} only{acc}")
-        if not self.accuracy:
-            return (f"evaluation: no configured reward checks a reference answer; reporting the rewards "
-                    f"{', '.join(self.used)} (no accuracy or pass@k)")
-        return None
-
-
-def plan_eval(rewards: dict[str, tuple[Any, set[str]]], records: list[Any]) -> EvalPlan:
-    """The :class:`EvalPlan` of ``records`` (the columns every one of them has) for ``rewards``
-    (name -> (NamedReward, required columns), as ``preflight.check_rewards`` returns them)."""
-    from grpo_dist.preflight import PIPELINE_COLUMNS
-
-    have = set.intersection(*[{k for k, v in r.columns.items() if v is not None} for r in records]) \
-        if records else set()
-    plan = EvalPlan(used=[])
-    for name, (_, cols) in rewards.items():
-        need = set(cols) - PIPELINE_COLUMNS
-        missing = sorted(need - have)
-        if missing:
-            plan.skipped[name] = missing
-            continue
-        plan.used.append(name)
-        if need:
-            plan.accuracy.append(name)
-    return plan
 
 
 def summarise(plan: EvalPlan, groups: list[Any], scores: Any) -> tuple[dict[str, Any], list[list[float]] | None]:
@@ -105,8 +62,7 @@ def evaluate(cfg: Config, rollout: "ActorGroup", reward: "ActorGroup", records: 
              with_samples: int = 0) -> dict[str, Any]:
     """Metrics of the policy the rollout workers currently serve, on ``records``."""
     from grpo_dist.algo import pass_at_k
-    from grpo_dist.cluster import dispatch
-    from grpo_dist.preflight import check_rewards
+    from grpo_dist.rollout import dispatch
 
     t0 = time.perf_counter()
     plan = plan_eval(check_rewards(cfg), records)

@@ -1,4 +1,4 @@
-"""The rollout pipeline on the driver: generation up to ``depth`` steps ahead of the learner.
+"""The batch rollout pipeline on the driver: generation up to ``depth`` steps ahead of the learner.
 
 ``trainer.max_staleness`` k (adapter versions) gives ``depth = k / algo.num_iterations`` trainer
 steps of look-ahead. The trainer submits the batches for steps t+1..t+depth before the learner
@@ -7,9 +7,10 @@ engines in chunks, every chunk to the engine with the fewest outstanding prompts
 
 Versions need no locks: a Ray actor runs its calls in order, so a chunk submitted before the
 ``load_update`` of version v runs with the weights before v and one submitted after it runs
-with v. With depth >= 1 the weight sync is therefore *not* awaited (:meth:`load`): the engine
-loads v after the chunks already queued on it, and the driver settles the load's answer later.
-A sample's version is the one its engine really held (``Rollout.adapter_version``); the trainer
+with v. With depth >= 1 the weight sync is therefore *not* awaited
+(``grpo_dist.sync.weight_sync.WeightSync.push``): the engine loads v after the chunks already
+queued on it, and the driver settles the load's answer later.
+A sample's version is the one its engine really held (``Rollout.adapter_version``); the driver
 checks that none is more than k behind the learner.
 
 A chunk whose engine died or hung is sent again, with the same prompts and seed keys, once the
@@ -26,9 +27,9 @@ from typing import Any
 
 import ray
 
-from grpo_dist.cluster import dispatch
 from grpo_dist.cluster.ray_utils import ActorGroup, ClusterError
-from grpo_dist.types import RolloutGroup
+from grpo_dist.rollout import dispatch
+from grpo_dist.types import RewardResult, RolloutGroup
 
 
 @dataclass
@@ -53,18 +54,21 @@ class Pending:
 
 
 @dataclass
-class Load:
-    rank: int
-    actor: Any
-    ref: Any
-    version: int
+class Scored:
+    """A collected batch: its groups in prompt order, their scores, and what the pipeline saw
+    (``rollout/…`` metrics: engines used, groups scored before the batch finished generating)."""
+
+    groups: list[RolloutGroup]
+    scores: RewardResult
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class RolloutPipeline:
-    def __init__(self, rollout: ActorGroup, recovery, timeout: float | None, chunk: int = 0):
-        self.rollout, self.recovery, self.timeout, self.chunk = rollout, recovery, timeout, chunk
+    """Batches of prompts, in chunks per engine; scored by the reward actors once a batch is in."""
+
+    def __init__(self, rollout: ActorGroup, reward: ActorGroup, recovery, timeout: float | None, chunk: int = 0):
+        self.rollout, self.reward, self.recovery, self.timeout, self.chunk = rollout, reward, recovery, timeout, chunk
         self.queue: deque[Pending] = deque()  # batches submitted ahead, in step order
-        self.loads: list[Load] = []  # weight loads submitted and not yet answered
         self._live: list[Chunk] = []  # chunks whose completion the driver has not seen
 
     # -- generation ------------------------------------------------------------------------
@@ -124,41 +128,18 @@ class RolloutPipeline:
                 c.done = True
             return dispatch.merge_in_order([(c.lo, part) for c, part in zip(p.chunks, parts)])
 
-    def generate(self, step: int, records: list, keys: list) -> list[RolloutGroup]:
-        """Generate now (not queued) and wait: the on-policy path and dynamic-sampling refills."""
-        return self.collect(self.submit(step, records, keys, queue=False))
+    def scored(self, p: Pending) -> Scored:
+        """A batch's groups (:meth:`collect`) and their scores (sharded over the reward actors)."""
+        groups = self.collect(p)
+        return Scored(groups, self.recovery.run(dispatch.score, self.reward, groups))
+
+    def generate(self, step: int, records: list, keys: list) -> Scored:
+        """Generate now (not queued), wait and score: the on-policy path and dynamic-sampling refills."""
+        return self.scored(self.submit(step, records, keys, queue=False))
 
     def data_before(self) -> dict | None:
         """The stream position before every prompt submitted and not yet trained on (None: none)."""
         return self.queue[0].data_before if self.queue else None
 
-    # -- weight sync -----------------------------------------------------------------------
-    def load(self, update: Any, version: int) -> None:
-        """Every engine loads ``version`` after the chunks already queued on it; not awaited."""
-        self.loads += [Load(r, a, a.load_update.remote(update), version) for r, a in enumerate(self.rollout.actors)]
-
-    def settle_loads(self, block: bool = False) -> list[dict]:
-        """Answers of the submitted loads that are in (all of them with ``block``). A load sent to
-        an engine replaced since is dropped: the replacement was given the learner's newest weights."""
-        done: list[dict] = []
-        for ld in list(self.loads):
-            if ld.actor is not self.rollout.actors[ld.rank]:
-                self.loads.remove(ld)
-                continue
-            if not block and not ray.wait([ld.ref], timeout=0)[0]:
-                continue
-            self.loads.remove(ld)
-            try:
-                r = self.rollout.get([ld.ref], ranks=[ld.rank])[0]
-            except ClusterError as e:
-                self.recovery.handle(e)
-                continue
-            if not self._loaded(r["version"], ld.version):
-                raise ClusterError(f"rollout worker {ld.rank} loaded version {r['version']}, expected {ld.version}",
-                                   "rollout", ld.rank)
-            done.append(r)
-        return done
-
-    def _loaded(self, got: int, sent: int) -> bool:
-        """Whether an engine that answered ``got`` to the load of ``sent`` loaded it."""
-        return got == sent
+    def on_version(self, version: int) -> None:
+        """A weight load of ``version`` was just sent to every engine (calls run in order: nothing to do)."""

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from grpo_dist.monitor.base import Monitor
+from grpo_dist.run.monitor.base import Monitor
 
 
 class WandbMonitor(Monitor):

@@ -1,34 +1,30 @@
 """The streaming pipeline on the driver (``rollout.streaming``): one request per group, scored at once.
 
-Same interface as :class:`~grpo_dist.cluster.pipeline.RolloutPipeline` (submit / take / collect /
-generate / load / settle_loads / data_before), plus :meth:`StreamPipeline.score`, so the trainer
-changes little. Each prompt of a batch goes, as its own call, to the rollout engine with the
+Same interface as :class:`~grpo_dist.rollout.pipeline.RolloutPipeline` (submit / take / scored /
+generate / data_before / on_version), so the rollout manager does not branch on it. Each prompt of a batch goes, as its own call, to the rollout engine with the
 fewest outstanding groups (async actors running vLLM's ``AsyncLLM``, which batches whatever is in
 flight). Its scoring call is submitted at the same moment with the generation's ObjectRef as its
 argument: Ray starts it on the reward actor as soon as that group finishes, without the driver,
 whether the driver is waiting for the learner or not. Scored groups wait in the queue of batches
 (the bounded buffer: at most ``capacity`` groups, the batches of the steps allowed ahead) until
-the trainer takes a batch; :meth:`collect` returns it in prompt order and :meth:`score` its
-scores, so the trainer does not score again.
+the driver takes a batch; :meth:`scored` returns it in prompt order with its scores.
 
 Versions: an async actor runs its calls out of order, so each group carries ``min_version``, the
 newest version whose load was sent before it; the engine starts it with that version or a newer
-one. Every sample carries the version it ran with; the trainer checks staleness as for the
+one. Every sample carries the version it ran with; the driver checks staleness as for the
 batch pipeline. A dead engine's (or reward actor's) groups are sent again with the same seed keys.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 
-from grpo_dist.cluster import dispatch
-from grpo_dist.cluster.pipeline import Load, RolloutPipeline
 from grpo_dist.cluster.ray_utils import ActorGroup, ClusterError
-from grpo_dist.types import RewardResult, RolloutGroup
+from grpo_dist.rollout import dispatch
+from grpo_dist.rollout.pipeline import RolloutPipeline, Scored
 
 
 @dataclass
@@ -59,13 +55,11 @@ class BufferFull(RuntimeError):
 
 class StreamPipeline(RolloutPipeline):
     def __init__(self, rollout: ActorGroup, reward: ActorGroup, recovery, timeout: float | None, capacity: int):
-        super().__init__(rollout, recovery, timeout)
-        self.reward, self.capacity = reward, capacity
+        super().__init__(rollout, reward, recovery, timeout)
+        self.capacity = capacity
         self.min_version = 0  # the newest version whose load was sent to every engine
         self.buffer_peak = 0  # most groups waiting (generating, scoring or scored) in the queue
-        self.timeline: list[dict] = []  # per collected batch: when each group finished and was scored
         self._items: list[Item] = []  # generations the driver has not seen finish
-        self._scores: dict[int, RewardResult] = {}  # id(group) -> its scores, until score() takes them
 
     # -- dispatch ----------------------------------------------------------------------------
     def outstanding(self) -> list[int]:
@@ -114,8 +108,9 @@ class StreamPipeline(RolloutPipeline):
         item.score = item.reward_actor.score_group.remote(item.gen)
 
     # -- collection --------------------------------------------------------------------------
-    def collect(self, p: Pending) -> list[RolloutGroup]:
-        """Wait for a batch's groups and scores; groups in prompt order (scores: :meth:`score`)."""
+    def scored(self, p: Pending) -> Scored:
+        """Wait for a batch's groups and scores (in prompt order). Metrics: how many groups were
+        scored before the batch's last group finished generating, the engine of each group."""
         while True:
             for j, it in enumerate(p.items):
                 if it.actor is not self.rollout.actors[it.rank]:  # its engine was replaced meanwhile
@@ -131,26 +126,14 @@ class StreamPipeline(RolloutPipeline):
                 self.recovery.handle(e)  # replaces the actor (with the current weights) or re-raises
                 continue
             break
-        groups = []
-        for (g, _), (s, _) in zip(gens, scored):
-            self._scores[id(g)] = s
-            groups.append(g)
-        self.timeline.append({"step": p.step, "generated": [x[1] for x in gens], "scored": [x[1] for x in scored],
-                              "ranks": [it.rank for it in p.items]})
-        return groups
+        last = max(t for _, t in gens)
+        ranks = [it.rank for it in p.items]
+        m = {"rollout/groups_scored_early": float(sum(t < last for _, t in scored)),
+             "rollout/score_lag_s": max(max(0.0, s - g) for (_, g), (_, s) in zip(gens, scored)),
+             "rollout/engines_used": float(len(set(ranks)))}
+        m.update({f"rollout/groups_on_engine/{r}": float(ranks.count(r)) for r in sorted(set(ranks))})
+        return Scored([g for g, _ in gens], dispatch.merge_scores([s for s, _ in scored]), m)
 
-    def score(self, groups: list[RolloutGroup]) -> RewardResult:
-        """The scores of groups :meth:`collect` returned (taken: each group is scored once)."""
-        missing = [g.prompt_id for g in groups if id(g) not in self._scores]
-        if missing:
-            raise KeyError(f"groups of prompts {missing} were not collected from this pipeline")
-        return dispatch.merge_scores([self._scores.pop(id(g)) for g in groups])
-
-    # -- weight sync -------------------------------------------------------------------------
-    def load(self, update: Any, version: int) -> None:
-        """Every engine serves ``version`` to the groups sent from now on (not awaited)."""
-        self.loads += [Load(r, a, a.load_update.remote(update), version) for r, a in enumerate(self.rollout.actors)]
+    def on_version(self, version: int) -> None:
+        """Every engine serves ``version`` to the groups sent from now on (its load was just sent)."""
         self.min_version = version
-
-    def _loaded(self, got: int, sent: int) -> bool:
-        return got >= sent  # a newer load may overtake this one on the async actor (then skipped)

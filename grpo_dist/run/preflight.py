@@ -14,25 +14,21 @@ Each problem is a :class:`~grpo_dist.config.ConfigError` with one line naming th
   ``data.overlong_prompts: drop``, are dropped, counted and logged.
 
 :func:`prepared_data` returns the checked (and filtered) records; the result is cached per
-config, so the CLI's early check and ``Trainer.setup`` load the data once.
+config, so the CLI's early check and ``Run.start`` load the data once (the cache ignores the run's identity: run id, resolved output_dir).
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import json
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 from grpo_dist.config import Config, ConfigError, dump_config
+from grpo_dist.envs.base import env_factory
+from grpo_dist.reward.columns import PIPELINE_COLUMNS, check_rewards, plan_eval
 
-log = logging.getLogger("grpo_dist.preflight")
-
-# columns the pipeline itself adds to every completion before scoring (cluster/dispatch.score)
-PIPELINE_COLUMNS = frozenset({"completion_ids"})
+log = logging.getLogger("grpo_dist.run.preflight")
 
 
 @dataclass
@@ -58,21 +54,24 @@ def prepared_data(cfg: Config, log_fn: Callable[[str], None] = print) -> tuple[l
 
 def check(cfg: Config, log_fn: Callable[[str], None] = print) -> Checked:
     """Run every check; raise ConfigError (one line) on the first problem."""
-    key = dump_config(cfg)
+    key = _cache_key(cfg)
     if key in _CACHE:
         return _CACHE[key]
-    from grpo_dist.evaluation import plan_eval
-    from grpo_dist.setup_run import load_data, prepare_model
+    from grpo_dist.run.prepare import load_data, prepare_model
 
     prepare_model(cfg, log_fn)
     _check_model_json(cfg)  # the cheap checks first: no transformers/torch import before them
     rewards = check_rewards(cfg)
+    try:  # the environment class resolves as the rollout workers will make it
+        env_factory(cfg.rollout.env, cfg.rollout.env_kwargs)
+    except ValueError as e:
+        raise ConfigError(f"rollout.env: {_first_line(e)}") from None
     train, evals = load_data(cfg, log_fn)
     splits = [("train", "data.path", cfg.data.path, train), ("eval", "data.eval_path", cfg.data.eval_path, evals)]
     for split, key_name, source, records in splits:
         if records:
             _check_empty(records, key_name, source)
-            # an eval set lacking a column is scored with the rewards that need none (evaluation.plan_eval)
+            # an eval set lacking a column is scored with the rewards that need none (reward.columns.plan_eval)
             if split == "train" or not plan_eval(rewards, records).used:
                 _check_columns(records, rewards, key_name, source)
     tokenizer = check_model(cfg)
@@ -92,6 +91,14 @@ def check(cfg: Config, log_fn: Callable[[str], None] = print) -> Checked:
     out.reward_columns = {name: sorted(cols) for name, (_, cols) in rewards.items()}
     _CACHE[key] = out
     return out
+
+
+def _cache_key(cfg: Config) -> str:
+    """What the checks depend on: not the run's identity (``trainer.run_id``, the absolute
+    ``output_dir`` the run resolves), so the CLI's check and the run's start share one result."""
+    c = cfg.model_copy(deep=True)
+    c.trainer.run_id, c.output_dir, c.checkpoint.dir = None, "", None
+    return dump_config(c)
 
 
 # ------------------------------------------------------------------------------------- model
@@ -137,62 +144,6 @@ def check_model(cfg: Config) -> Any:
         raise ConfigError(f"model.path: cannot load the tokenizer in {path} (tokenizer files there: {files}): "
                           f"{_first_line(e).rstrip(': ')}") from None
     return tok
-
-
-# ------------------------------------------------------------------------------------- rewards
-
-def check_rewards(cfg: Config) -> dict[str, tuple[Any, set[str]]]:
-    """Resolve every reward function as the reward workers will; return name -> (NamedReward,
-    required dataset columns)."""
-    from grpo_dist.reward.registry import build_reward_fns
-
-    try:
-        fns = build_reward_fns(cfg.reward.functions)
-    except ValueError as e:
-        raise ConfigError(f"reward.functions: {_first_line(e)}") from None
-    out: dict[str, tuple[Any, set[str]]] = {}
-    for i, nf in enumerate(fns):
-        spec = cfg.reward.functions[i].fn
-        out[nf.name] = (nf, required_columns(spec, nf.fn, f"reward.functions[{i}]"))
-    return out
-
-
-def required_columns(spec: str, fn: Any, key: str) -> set[str]:
-    """Dataset columns ``fn`` (a functools.partial with the configured options) cannot run
-    without; ConfigError when it cannot be called as ``fn(prompts, completions, **columns)``."""
-    from grpo_dist.reward import registry
-
-    inner = fn.func if isinstance(fn, functools.partial) else fn
-    bound = set(fn.keywords) if isinstance(fn, functools.partial) else set()
-    try:
-        params = list(inspect.signature(inner).parameters.values())
-    except (TypeError, ValueError):
-        return set()  # no signature to inspect (a C callable): trust it
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(positional) < 2 and not any(p.kind is p.VAR_POSITIONAL for p in params):
-        raise ConfigError(f"{key}: reward function {spec!r} must accept (prompts, completions, **columns); "
-                          f"its signature is {inspect.signature(inner)}")
-    rest = positional[2:] + [p for p in params if p.kind is p.KEYWORD_ONLY]
-    bad = [p.name for p in positional[2:] if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
-    if bad:
-        raise ConfigError(f"{key}: reward function {spec!r} has positional-only parameters {bad}; dataset columns "
-                          f"arrive as keyword arguments")
-    entry = next((e for e in registry._REGISTRY.values() if e.fn is inner), None)
-    need = set()
-    for p in rest:
-        if p.name in bound or p.name in ("prompts", "completions"):
-            continue
-        if entry is not None:  # a registered function: its declared columns without a None default
-            if p.name not in entry.options and p.default is not None:
-                need.add(p.name)
-        elif p.default is p.empty:
-            need.add(p.name)
-    if entry is not None and entry.fn.__name__ == "composite_reward" and "components" in bound:
-        from grpo_dist.reward.builtin import _components
-
-        for cspec, cfn, _, opts in _components(fn.keywords["components"]):
-            need |= required_columns(cspec, functools.partial(cfn, **opts), key)
-    return need
 
 
 def _check_columns(records: list[Any], rewards: dict[str, tuple[Any, set[str]]], key: str, source: Any) -> None:

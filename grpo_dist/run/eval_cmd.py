@@ -12,10 +12,10 @@ from grpo_dist.config import Config, ConfigError
 
 
 def run_eval(cfg: Config, adapter: str | None, out: str | None = None) -> dict[str, Any]:
-    from grpo_dist.cluster.actors import create_generators
+    from grpo_dist.run.workers import create_generators
     from grpo_dist.cluster.ray_utils import init_ray, shutdown_ray
-    from grpo_dist.evaluation import eval_metrics, evaluate
-    from grpo_dist.preflight import prepared_data
+    from grpo_dist.run.evaluation import eval_metrics, evaluate
+    from grpo_dist.run.preflight import prepared_data
 
     _, records = prepared_data(cfg)  # the held-out prompts training would evaluate on
     if not records:
@@ -49,7 +49,7 @@ def run_eval(cfg: Config, adapter: str | None, out: str | None = None) -> dict[s
 def _log_wandb(cfg: Config, report: dict[str, Any], eval_metrics) -> None:
     if cfg.logging.wandb_mode == "disabled":
         return
-    from grpo_dist.monitor import WandbMonitor
+    from grpo_dist.run.monitor import WandbMonitor
 
     wb = WandbMonitor.from_config(cfg, default_name="eval", config={"eval": report["adapter"]})
     rows = []

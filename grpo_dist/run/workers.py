@@ -1,0 +1,121 @@
+"""The run's three actor groups (rollout, reward, learner): created in their placement groups, set up.
+
+Every actor runs in a bundle of its role's placement group (``cluster/placement.py``). Learner
+rendezvous: all ranks are created (rank i in bundle i), rank 0 reports its node's IP and a port
+that is free *on that node*, then every rank joins the process group at that address.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+from grpo_dist.cluster.actors import Placed, on_nodes
+from grpo_dist.cluster.placement import Placement, actor_specs, place
+from grpo_dist.cluster.ray_utils import ActorGroup
+from grpo_dist.config import Config
+from grpo_dist.devices import torch_threads
+from grpo_dist.learner import Learner
+from grpo_dist.reward.worker import RewardWorker
+from grpo_dist.rollout.stream_worker import StreamingRolloutWorker
+from grpo_dist.rollout.worker import RolloutWorker
+
+log = logging.getLogger("grpo_dist.cluster")
+
+
+class RolloutActor(Placed, RolloutWorker):
+    pass
+
+
+class StreamingRolloutActor(Placed, StreamingRolloutWorker):
+    """An async actor (``rollout.streaming``): one engine, many groups in flight."""
+
+
+class RewardActor(Placed, RewardWorker):
+    pass
+
+
+class LearnerActor(Placed, Learner):
+    def setup(self, master_addr: Optional[str] = None, master_port: Optional[int] = None,
+              peers_on_node: int = 1) -> dict:
+        import torch
+
+        if master_addr is not None:
+            self.master_addr, self.master_port = master_addr, int(master_port)
+        # the Learner leaves process-wide thread settings alone; inside an actor we own the process
+        threads, why = torch_threads(self.cfg, "learner", peers_on_node)
+        torch.set_num_threads(threads)
+        if self.rank == 0:
+            print(f"learner torch threads: {threads} ({why})", flush=True)
+        return {**super().setup(), "torch_threads": threads}
+
+
+@dataclass
+class Workers:
+    rollout: ActorGroup
+    reward: ActorGroup
+    learner: ActorGroup
+    placement: Optional[Placement] = None
+
+    def all_groups(self) -> list[ActorGroup]:
+        return [self.rollout, self.reward, self.learner]
+
+    def kill(self) -> None:
+        for g in self.all_groups():
+            g.kill()
+        if self.placement is not None:
+            self.placement.remove()
+
+
+def create_generators(cfg: Config, placement: Optional[Placement] = None) -> tuple[ActorGroup, ActorGroup]:
+    """The rollout and reward actor groups (created, not yet set up)."""
+    spec = actor_specs(cfg)
+    streaming = cfg.rollout.streaming  # an async actor: its calls run concurrently
+    rollout = ActorGroup.create("rollout", StreamingRolloutActor if streaming else RolloutActor,
+                                [(cfg, i) for i in range(cfg.rollout.num_workers)], spec=spec["rollout"],
+                                placement=placement, max_concurrency=1000 if streaming else 1)
+    return rollout, create_reward(cfg, placement)
+
+
+def create_reward(cfg: Config, placement: Optional[Placement] = None) -> ActorGroup:
+    """The reward actor group. Streaming: a group's scoring starts when its generation is done,
+    whatever was submitted before it (out-of-order execution)."""
+    return ActorGroup.create("reward", RewardActor, [(cfg.reward,)] * cfg.reward.num_workers,
+                             spec=actor_specs(cfg)["reward"], placement=placement,
+                             out_of_order=cfg.rollout.streaming)
+
+
+def start_learners(cfg: Config, placement: Optional[Placement]) -> tuple[ActorGroup, list]:
+    """Create every learner rank in its bundle, ask rank 0 where to meet, start ``setup`` on all
+    ranks (returns the group and the setup refs)."""
+    c, k = cfg.cluster, cfg.learner.num_learners
+    learner = ActorGroup.create("learner", LearnerActor, [(cfg, r, k) for r in range(k)],
+                                spec=actor_specs(cfg)["learner"], placement=placement, timeout=c.learner_timeout_s)
+    where = learner.get([learner.actors[0].rendezvous_address.remote()], timeout=c.actor_start_timeout_s,
+                        ranks=[0])[0]
+    log.info("learner rendezvous at %s:%s (rank 0's node)", where["ip"], where["port"])
+    peers = [n for _, n in on_nodes(learner, c.actor_start_timeout_s)[0]]
+    return learner, learner.call_each("setup", [(where["ip"], where["port"], n) for n in peers])
+
+
+def start_workers(cfg: Config) -> tuple[Workers, dict]:
+    """Place the groups, create every actor, then set them all up concurrently (engines load
+    while learners init)."""
+    placement = place(cfg)
+    t = cfg.cluster.actor_start_timeout_s
+    try:
+        rollout, reward = create_generators(cfg, placement)
+        learner, l_refs = start_learners(cfg, placement)
+        workers = Workers(rollout, reward, learner, placement)
+        engines, nodes = on_nodes(rollout, t)
+        learner_nodes = on_nodes(learner, t)[1]
+        r_refs = rollout.call_each("setup", [(n, i, learner_nodes.count(node))
+                                             for (i, n), node in zip(engines, nodes)])
+        w_refs = reward.call("names")
+        info = {"rollout": rollout.get(r_refs, timeout=t), "learner": learner.get(l_refs, timeout=t),
+                "reward": reward.get(w_refs, timeout=t)}
+    except BaseException:
+        placement.remove()
+        raise
+    return workers, info
