@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,17 +21,6 @@ def test_help_lists_commands_and_overrides():
         assert word in r.stdout
     r = cli("train", "--help")
     assert r.returncode == 0 and "--section.key VALUE" in r.stdout and "summary.json" in r.stdout
-
-
-def test_bad_config_exits_2_fast_with_one_line():
-    t0 = time.perf_counter()
-    r = cli("train", "--config", "configs/tiny_cpu.yaml", "--rollout.group_size", "1")
-    elapsed = time.perf_counter() - t0
-    assert r.returncode == 2
-    lines = [line for line in r.stderr.splitlines() if line.strip()]
-    assert lines == ["config error: rollout.group_size: must be >= 2: group-relative advantages need at least "
-                     "two completions (got 1)"]
-    assert elapsed < 20  # no Ray, vLLM or DeepSpeed was started (they take far longer)
 
 
 def test_make_tiny_model_takes_every_pretraining_option(tmp_path):

@@ -124,7 +124,8 @@ CASES = [
      r"data\.path: prompt source '.*missing\.jsonl' not found"),
     ("unsupported data file type", lambda b, m: ["--data.path", b["csv"]],
      r"data\.path: .*data\.csv: unsupported file type"),
-    ("group_size 1", lambda b, m: ["--rollout.group_size", "1"], r"rollout\.group_size: must be >= 2"),
+    ("group_size 1", lambda b, m: ["--rollout.group_size", "1"],  # (also the CLI's one-line format, exactly)
+     r"rollout\.group_size: must be >= 2: group-relative advantages need at least two completions \(got 1\)"),
     ("unknown config key", lambda b, m: ["--rollout.groupsize", "4"], r"rollout\.groupsize: unknown key"),
     ("invalid YAML in an override", lambda b, m: ["--reward.functions", "[{fn: a"],
      r"reward\.functions: invalid YAML value"),

@@ -41,3 +41,13 @@ def test_preset_loss_matches_algo(preset, pretrained_model_dir):
     metrics = learner.train_step(batch)  # same weights: the loss before the update
     assert metrics["train/loss"] == pytest.approx(expected, abs=1e-5, rel=1e-4), preset
     assert abs(expected) > 1e-6  # a loss that says something
+
+
+def test_presets_are_deltas_on_grpo():
+    """Each preset states only what differs from grpo (a restated field would hide a change to grpo)."""
+    from grpo_dist.config.presets import DELTAS, GRPO
+
+    assert PRESETS["grpo"] == GRPO
+    for name, delta in DELTAS.items():
+        assert all(GRPO.get(k) != v for k, v in delta.items()), name
+        assert PRESETS[name] == {**GRPO, **delta}
