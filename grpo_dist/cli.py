@@ -7,6 +7,7 @@ with code 2 and one line naming it, before Ray, vLLM or DeepSpeed start.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -93,7 +94,7 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     except ConfigError as e:
         return _fail(str(e))
     from grpo_dist.cluster.ray_utils import ClusterError, shutdown_ray
-    from grpo_dist.run.run import Run, TrainingError
+    from grpo_dist.run.run import Interrupted, Run, TrainingError
     from grpo_dist.train import train
 
     try:  # absolute output_dir (a relative one inside a Ray job is refused), run id
@@ -101,17 +102,48 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     except ConfigError as e:
         return _fail(str(e))
     try:
-        summary = train(run)
+        with _stop_on_signals(run):
+            summary = train(run)
     except ConfigError as e:
         return _fail(str(e))
     except (ClusterError, TrainingError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except Interrupted as e:
+        print(str(e), file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:  # the second signal: no checkpoint of the unfinished step
+        from grpo_dist.run.outputs import resume_hint
+
+        print(f"stopped at once at step {run.step}: {resume_hint(run.cfg)}", file=sys.stderr)
+        return 130
     finally:
         run.close()
         shutdown_ray()
     _print_summary(summary)
     return 0
+
+
+@contextlib.contextmanager
+def _stop_on_signals(run):
+    """SIGINT / SIGTERM: the first lets the current step finish, saves a checkpoint and stops
+    (exit 130); a second one stops at once (KeyboardInterrupt). The handlers are restored after."""
+    import signal
+
+    def handler(signum, _frame):
+        if run.stop_requested:
+            raise KeyboardInterrupt
+        name = signal.Signals(signum).name
+        run.request_stop(name)
+        print(f"{name}: stopping after step {run.step + 1} finishes and is saved (again to stop at once)",
+              file=sys.stderr, flush=True)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def _print_summary(s: dict) -> None:

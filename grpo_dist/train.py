@@ -25,7 +25,7 @@ def train(run: Run) -> dict[str, Any]:
     cfg = run.start()  # workers up, resumed, evaluated before training
     rollouts, sync = run.rollouts, run.sync
     with run.stopping():  # a failing reward or a lost actor: one line, where to resume
-        while run.step < cfg.trainer.steps:
+        while run.step < cfg.trainer.steps and not run.stop_requested:
             step, t = run.step + 1, StepTimer()
             groups, scores, m = rollouts.scored_batch(step, t)  # generated now, or ahead while the learner trained
             batch = shape(groups, scores, run, m, learner_version=sync.version)  # advantages; staleness checked
@@ -34,6 +34,8 @@ def train(run: Run) -> dict[str, Any]:
             with t("sync"):  # version v+1 to every engine; awaited only when nothing runs ahead
                 m.update(sync.push(int(m["train/version"]), wait=rollouts.depth == 0))
             run.end_step(t, m, groups, scores, batch)  # log, evaluate, checkpoint
+        if run.stop_requested:  # Ctrl-C / SIGTERM: the step finished, a checkpoint, then Interrupted
+            run.interrupted()
         return run.finish()
 
 

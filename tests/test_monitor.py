@@ -28,8 +28,12 @@ def test_console_prints_a_line_per_step_without_a_terminal(capsys):
     mon.start(3)
     mon.log({"rollout/reward_mean": 0.5, "train/kl": 0.01, "train/loss": -0.2, "timing/step": 1.5}, 1)
     mon.log({"sync/bytes": 10.0}, 1)  # no train/eval metrics: nothing printed
+    mon.log({"rollout/reward_mean": 0.25, "reward/math": 0.5, "reward/format": 0.0, "train/loss": 0.1,
+             "timing/step": 1.5}, 3)
     out = capsys.readouterr().out.strip().splitlines()
-    assert out == ["step 1/3  reward 0.500  kl 0.0100  loss -0.2000  s/step 1.5"]
+    assert out[0].startswith("step 1/3  reward 0.500  kl 0.0100  loss -0.2000  s/step 1.5  eta 0:0")
+    # several reward functions: each one's mean; the last step has no ETA
+    assert out[1] == "step 3/3  reward 0.250  (format 0.000 math 0.500)  loss +0.1000  s/step 1.5"
     assert format_metrics({}) == ""
 
 

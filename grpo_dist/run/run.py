@@ -37,6 +37,10 @@ class TrainingError(RuntimeError):
     """The run stopped: the message says why, where it stopped and how to resume (exit 1)."""
 
 
+class Interrupted(RuntimeError):
+    """The user stopped the run (SIGINT / SIGTERM); the message says where and how to resume (exit 130)."""
+
+
 class Run:
     """``callbacks``: objects with ``on_step(run, step, metrics, groups, batch)``, called at the end
     of every step before its metrics are logged (a callback may add metrics; e.g. a custom
@@ -54,6 +58,7 @@ class Run:
         self.info: dict[str, Any] = {}
         self._t0 = time.perf_counter()
         self._resume_point: dict | None = None  # the prompt stream before the current step's prompts
+        self.stop_requested: str | None = None  # a signal's name: stop after the current step
 
     # ------------------------------------------------------------------------------- start
     def start(self) -> Config:
@@ -67,9 +72,11 @@ class Run:
         init_ray(cfg)
         check_storage(cfg)  # cluster.shared_dir seen by every node; full weights on several nodes need it
         self.monitor = self.monitor or make_monitor(cfg)
-        for line in choices(cfg):
+        for line in self._start_block() + choices(cfg):
             print(line, flush=True)
+        t0 = time.perf_counter()
         self.workers, self.info = start_workers(cfg)
+        print(f"actors ready in {time.perf_counter() - t0:.0f} s", flush=True)
         w = self.workers
         self.sync = WeightSync(allow_newer=cfg.rollout.streaming)
         self.recovery = Recovery(cfg, w, on_replace=self.sync.on_replace)
@@ -85,9 +92,22 @@ class Run:
             self.sync.restore()  # the engines serve the restored weights
         self._resume_point = self.rollouts.data_state()
         if self.before is None and cfg.trainer.eval_before_after and self.eval_records:
-            self.before = self.evaluate()  # a resumed run keeps the original start's evaluation
+            self.before = self.evaluate("before training")  # a resumed run keeps the original start's
         self.monitor.start(cfg.trainer.steps)
         return cfg
+
+    def _start_block(self) -> list[str]:
+        """What is being started, where the outputs go (the first lines a user reads)."""
+        c, r = self.cfg, self.cfg.rollout
+        where = f"Ray cluster at {c.cluster.address}" if c.cluster.address else \
+            f"local Ray cluster ({c.cluster.num_cpus or 'all'} CPUs)"
+        return [f"run       {self.out} (run id {c.trainer.run_id})",
+                f"model     {c.model.path} ({'LoRA r=' + str(c.lora.r) if c.lora.enabled else 'full weights'}, "
+                f"{c.model.dtype})",
+                f"cluster   {where}, layout {c.cluster.layout}",
+                f"starting  {r.num_workers} {r.backend} rollout engine(s), {c.reward.num_workers} reward actor(s), "
+                f"{c.learner.num_learners} learner rank(s); {c.trainer.steps} steps of "
+                f"{r.prompts_per_step} prompts x {r.group_size}"]
 
     # ------------------------------------------------------------------------------- steps
     @contextlib.contextmanager
@@ -136,12 +156,25 @@ class Run:
         return m
 
     # ------------------------------------------------------------------------------- end
+    def request_stop(self, why: str) -> None:
+        """Stop at the end of the current step (a signal handler calls this: it only sets a flag)."""
+        self.stop_requested = why
+
+    def interrupted(self) -> None:
+        """After a requested stop: every engine settled, a checkpoint of the last finished step,
+        then :class:`Interrupted` naming it and the resume command."""
+        self.sync.settle(block=True)
+        path = self.save(self._resume_point) if self.step > 0 else None
+        where = f"checkpoint {path}" if path is not None else "no step finished, nothing saved"
+        raise Interrupted(f"interrupted ({self.stop_requested}) at step {self.step} ({where}); resume with: "
+                          f"{resume_command(self.cfg)}")
+
     def finish(self) -> dict[str, Any]:
         """Every engine at the final version, evaluation after training, a last checkpoint, the
         final adapter, ``summary.json``."""
         cfg = self.cfg
         self.sync.settle(block=True)
-        after = self.evaluate() if self.before is not None else None
+        after = self.evaluate("after training") if self.before is not None else None
         self.save(self._resume_point)
         adapter_dir = checkpoint.save_final(cfg, self.workers.learner, self.out / "adapter")
         metrics = self.history[-1] if self.history else {}
@@ -152,11 +185,22 @@ class Run:
         return summary
 
     def save(self, data_state: dict | None) -> Path:
-        return checkpoint.save(self.cfg, self.workers, self.step, data_state or self.rollouts.data_state(),
+        path = checkpoint.save(self.cfg, self.workers, self.step, data_state or self.rollouts.data_state(),
                                {"history": self.history, "eval_before": self.before})
+        print(f"checkpoint saved: {path}", flush=True)
+        return path
 
-    def evaluate(self) -> dict[str, Any]:
-        return evaluate(self.cfg, self.workers.rollout, self.workers.reward, self.eval_records)
+    def evaluate(self, when: str | None = None) -> dict[str, Any]:
+        """The held-out evaluation of the weights the engines serve; ``when`` says so on the console."""
+        if when:
+            print(f"evaluating {len(self.eval_records)} held-out prompts {when} ...", flush=True)
+        t0 = time.perf_counter()
+        report = evaluate(self.cfg, self.workers.rollout, self.workers.reward, self.eval_records)
+        if when:
+            acc = report.get("sampled_accuracy", report.get("mean_reward"))
+            print(f"evaluated {when} in {time.perf_counter() - t0:.0f} s: "
+                  f"{'sampled accuracy' if 'sampled_accuracy' in report else 'mean reward'} {acc:.3f}", flush=True)
+        return report
 
     def close(self) -> None:
         if self.monitor is not None:

@@ -1,9 +1,10 @@
-"""Console: a rich progress bar with reward, KL and seconds per step (a plain line per step
-when stdout is not a terminal, e.g. in CI or a Ray job log)."""
+"""Console: a rich progress bar with reward, KL and seconds per step (a plain line per step, with
+each reward function's mean and an ETA, when stdout is not a terminal: CI, a Ray job log)."""
 
 from __future__ import annotations
 
 import sys
+import time
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -16,7 +17,18 @@ _SHOW = [("rollout/reward_mean", "reward", "{:.3f}"), ("train/kl", "kl", "{:.4f}
 
 
 def format_metrics(metrics: dict[str, float]) -> str:
-    return "  ".join(f"{label} {fmt.format(metrics[k])}" for k, label, fmt in _SHOW if k in metrics)
+    """The step line's fields: reward, each reward function's mean (``reward/<fn>``, when there
+    are several), KL, loss, seconds per step, eval accuracy."""
+    parts = [f"{label} {fmt.format(metrics[k])}" for k, label, fmt in _SHOW if k in metrics]
+    fns = sorted(k for k in metrics if k.startswith("reward/") and k.count("/") == 1)
+    if len(fns) > 1:
+        parts.insert(1, "(" + " ".join(f"{k[7:]} {metrics[k]:.3f}" for k in fns) + ")")
+    return "  ".join(parts)
+
+
+def eta(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
 class ConsoleMonitor(Monitor):
@@ -29,6 +41,7 @@ class ConsoleMonitor(Monitor):
 
     def start(self, total_steps: int) -> None:
         self.total = total_steps
+        self._t0, self._first = time.perf_counter(), None
         if self.live:
             self.progress = Progress(TextColumn("[bold]GRPO"), BarColumn(), MofNCompleteColumn(),
                                      TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
@@ -42,8 +55,14 @@ class ConsoleMonitor(Monitor):
         info = format_metrics(metrics)
         if self.progress is not None:
             self.progress.update(self.task, completed=step, info=info)
-        else:
-            print(f"step {step}/{self.total}  {info}", flush=True)
+            return
+        if self._first is None:  # the ETA counts from the first step logged here (a resume starts late)
+            self._first = (step - 1, time.perf_counter() - metrics.get("timing/step", 0.0))
+        done, t_first = self._first
+        left = ""
+        if step < self.total and step > done:
+            left = f"  eta {eta((time.perf_counter() - t_first) / (step - done) * (self.total - step))}"
+        print(f"step {step}/{self.total}  {info}{left}", flush=True)
 
     def close(self) -> None:
         if self.progress is not None:
