@@ -15,7 +15,7 @@ import torch
 
 from grpo_dist.algo import aggregate, grpo_loss, weighted_nll_loss
 from grpo_dist.config import load_config
-from grpo_dist.learner.testing import loss_inputs, set_lr
+from grpo_dist.testing.learner import loss_inputs, set_lr
 from grpo_dist.presets import PRESETS
 from grpo_dist.rollout.testing import hang_next_generate
 

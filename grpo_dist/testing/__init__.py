@@ -1,0 +1,1 @@
+"""Fault injection and test helpers that actors import; never imported by production code."""
