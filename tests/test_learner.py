@@ -400,3 +400,32 @@ def test_checkpoint_restores_the_rng_so_dropout_resumes_exactly(tiny_model_dir):
     c, _ = make_learner(cfg)
     c.load_checkpoint_files({k: v for k, v in files.items() if not k.startswith("learner_rng/")})
     assert c.train_step(batch)["train/grad_norm"] != ma["train/grad_norm"]
+
+
+def test_perf_metrics_count_the_step_flops(fresh):
+    """perf/learner_tflops x the step's time = 4 N T (LoRA update) + 2 N T (the reference pass)
+    with N the non-embedding parameters and T the tokens run (every prompt here is its own);
+    perf/mfu divides by the GEMM roof measured at set-up."""
+    from grpo_dist.learner import perf
+
+    learner, info, _ = fresh
+    batch = make_batch(8, seed=15)
+    m = learner.train_step(batch)
+    tokens = sum(len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids))
+    params = perf.non_embedding_params(learner.engine.module)
+    assert 0 < params < info["total_params"]
+    flops = m["perf/learner_tflops"] * 1e12 * m["timing/learn_total"]
+    assert flops == pytest.approx(6 * params * tokens, rel=1e-9)
+    assert m["perf/mfu"] == pytest.approx(m["perf/learner_tflops"] / info["peak_tflops"], rel=1e-9)
+    assert info["peak_tflops"] > 0 and info["peak_source"].startswith("CPU: measured float32 GEMM roof")
+
+
+def test_peak_table_and_cpu_roof():
+    from grpo_dist.learner import perf
+
+    names = {"NVIDIA H100 80GB HBM3": 989.4, "NVIDIA H100 PCIe": 756.0, "NVIDIA H200": 989.4,
+             "NVIDIA A100-SXM4-80GB": 312.0, "NVIDIA A10G": 70.0, "NVIDIA A10": 125.0, "NVIDIA L40S": 362.1,
+             "NVIDIA L4": 121.0, "Some Future GPU": None}
+    assert {n: perf.gpu_peak_tflops(n) for n in names} == names
+    roof = perf.matmul_roof(torch.float32)
+    assert roof > 1e9 and perf.matmul_roof(torch.float32) == roof  # measured once per process
