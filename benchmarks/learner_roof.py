@@ -19,6 +19,9 @@ Per precision it prints:
 * step-time growth: the median step time of the first 10 timed steps against the last 10, and the
   process's resident memory after the warm-up and at the end.
 
+Each precision runs in a fresh process (its own roof, memory and thread pool); "step CPU-s" is
+the process's CPU time per step, steadier than wall time on a machine shared with other jobs.
+
 ``--profile K``: K more steps under ``torch.profiler``; prints the ops by self CPU time and the
 number of host synchronisations per step (``aten::_local_scalar_dense``: every ``.item()`` /
 ``float(tensor)``, each a device sync on a GPU).
@@ -31,7 +34,10 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
+import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -133,7 +139,8 @@ def run_dtype(model_dir: str, dtype: str, args) -> dict[str, Any]:
         lora={"r": w["lora_r"], "alpha": w["lora_alpha"], "dropout": 0.0, "target_modules": w["targets"]},
         rollout={"prompts_per_step": w["prompts"], "group_size": w["group"], "max_tokens": w["max_tokens"]},
         learner={"micro_batch_size": w["prompts"] * w["group"], "lr": w["lr"], "lr_schedule": "constant"},
-        algo={"beta": w["beta"]}, trainer={"steps": args.warmup + args.steps + args.profile}))
+        algo={"beta": w["beta"]}, trainer={"steps": args.warmup + args.steps + args.profile},
+        cluster={"torch_threads": args.threads}))
     roof = perf.matmul_roof(getattr(torch, dtype))
     learner = Learner(cfg, master_port=free_port())
     info = learner.setup()
@@ -144,10 +151,12 @@ def run_dtype(model_dir: str, dtype: str, args) -> dict[str, Any]:
     for i, b in enumerate(data[:args.warmup + args.steps]):
         if i == args.warmup:
             rss0 = rss_mb()
+        c0 = time.process_time()
         m = learner.train_step(b)
+        cpu = time.process_time() - c0
         if i >= args.warmup:
             t = update_tokens(b, packed)
-            rows.append(dict(total=m["timing/learn_total"], update=m["timing/learn_update"],
+            rows.append(dict(total=m["timing/learn_total"], update=m["timing/learn_update"], cpu=cpu,
                              ref=m["timing/learn_ref_old"], tokens=t, update_flops=4.0 * params * t,
                              step_flops=6.0 * params * t,  # update (4x) + reference forward (2x)
                              tflops=m.get("perf/learner_tflops"), mfu=m.get("perf/mfu")))
@@ -156,6 +165,7 @@ def run_dtype(model_dir: str, dtype: str, args) -> dict[str, Any]:
     res = dict(dtype=dtype, roof_gflops=roof / 1e9, params=params, packing=info["packing"],
                tokens=med(r["tokens"] for r in rows), update_s=med(r["update"] for r in rows),
                ref_s=med(r["ref"] for r in rows), total_s=med(r["total"] for r in rows),
+               cpu_s=med(r["cpu"] for r in rows), load=os.getloadavg()[0],
                update_gflops=med(r["update_flops"] / r["update"] for r in rows) / 1e9,
                step_gflops=med(r["step_flops"] / r["total"] for r in rows) / 1e9,
                first10_s=med(r["total"] for r in rows[:10]), last10_s=med(r["total"] for r in rows[-10:]),
@@ -194,6 +204,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--profile", type=int, default=0, help="extra steps under torch.profiler")
     p.add_argument("--json", default=None)
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
 
     from grpo_dist.env import setup_env
@@ -203,19 +215,29 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     model_dir = ensure_model()
+    if args.one:  # one precision in this process (the parent runs each in a fresh one)
+        with open(args.out, "w") as f:
+            json.dump(run_dtype(model_dir, args.one, args), f)
+        return
     print(f"machine: {cpu_line()}", flush=True)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; load before: {os.getloadavg()}", flush=True)
-    results = [run_dtype(model_dir, d, args) for d in args.dtypes.split(",")]
+    print(f"torch {torch.__version__}, {args.threads} threads; load before: {os.getloadavg()}", flush=True)
+    results = []
+    for d in args.dtypes.split(","):
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--one", d, "--out", out.name],
+                           check=True)
+            with open(out.name) as f:
+                results.append(json.load(f))
     print(f"load after: {os.getloadavg()}")
     print()
     print("| dtype | roof GFLOP/s | tokens/step | update s | update GFLOP/s | update / roof | ref s | step s | "
-          "step GFLOP/s | step / roof | perf/mfu | first-10 / last-10 step s | RSS MB warm -> end |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "step GFLOP/s | step / roof | perf/mfu | step CPU-s | first-10 / last-10 step s | RSS MB warm -> end |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         mfu = f"{100 * r['learner_mfu']:.0f}%" if r["learner_mfu"] is not None else "-"
         print(f"| {r['dtype']} | {r['roof_gflops']:.0f} | {r['tokens']:.0f} | {r['update_s']:.3f} | "
               f"{r['update_gflops']:.0f} | {100 * r['update_frac']:.0f}% | {r['ref_s']:.3f} | {r['total_s']:.3f} | "
-              f"{r['step_gflops']:.0f} | {100 * r['step_frac']:.0f}% | {mfu} | "
+              f"{r['step_gflops']:.0f} | {100 * r['step_frac']:.0f}% | {mfu} | {r['cpu_s']:.2f} | "
               f"{r['first10_s']:.3f} / {r['last10_s']:.3f} | {r['rss_after_warmup_mb']:.0f} -> {r['rss_end_mb']:.0f} |")
     for r in results:
         growth = r["last10_s"] / r["first10_s"] - 1.0
