@@ -1,12 +1,13 @@
 """Checkpoints: ``<checkpoint.dir>/step_<n>/`` holds the learner's DeepSpeed state (optimizer,
-scheduler, step), the adapter in PEFT format (``adapter/``), and ``trainer_state.json`` (step,
-data position, the driver process's Python ``random`` state and torch's initial seed).
-``checkpoint.resume: auto`` continues from the newest one.
+scheduler, step), the adapter in PEFT format (``adapter/``), each learner rank's torch RNG
+(``learner_rng/rank<r>.pt``), and ``trainer_state.json`` (step, data position, the driver
+process's Python ``random`` state). ``checkpoint.resume: auto`` continues from the newest one.
 
-RNG: resuming restores only the driver's Python ``random`` state. No actor's RNG is saved: the
-learner's torch generators (LoRA dropout) and the rollout engines' sampling start again from their
-configured seeds, so a resumed run is not bit-identical to an uninterrupted one.
-"""
+RNG: resuming restores the driver's Python ``random`` state and every learner rank's torch
+generators (CPU, and the rank's GPU where it has one), which LoRA dropout draws from. The rollout
+engines keep no RNG worth saving: each sample's seed is a function of (trainer.seed, step, prompt,
+sample). So a resumed run repeats an uninterrupted one's steps exactly, dropout included
+(``tests/test_resume_exact.py``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_dist.config import Config
+from grpo_dist.util.files import read_tree, write_tree
 
 STATE_FILE = "trainer_state.json"
 
@@ -36,8 +38,8 @@ def list_checkpoints(directory: Path) -> list[Path]:
 def _rng_state() -> dict[str, Any]:
     """The driver's random state: Python's ``random`` only. The driver draws nothing from torch
     (sampling seeds are derived from (trainer.seed, step, prompt), the prompt order from the
-    stream's own seeded state), so there is no torch state to keep; the learners' RNG is in their
-    DeepSpeed checkpoint."""
+    stream's own seeded state), so there is no torch state to keep; each learner rank saves its
+    own torch RNG next to its DeepSpeed state (``learner_rng/``)."""
     version, internal, gauss = random.getstate()
     return {"python": [version, list(internal), gauss]}
 
@@ -58,8 +60,6 @@ def save(cfg: Config, workers, step: int, data_state: dict, run_state: dict | No
     if _direct(cfg):
         lg.get(lg.call("save_checkpoint", str(out), {"step": step}))
     else:
-        from grpo_dist.learner.weights_io import write_tree
-
         merged: dict[str, bytes] = {}
         for files in lg.get(lg.call("checkpoint_files", {"step": step})):
             for rel, data in files.items():
@@ -78,8 +78,6 @@ def save_final(cfg: Config, learner_group, out: Path) -> Path:
     if _direct(cfg):
         lg.get(lg.call("save_adapter", str(out)))
         return out
-    from grpo_dist.learner.weights_io import write_tree
-
     files = lg.get(lg.call("adapter_files"))[0]
     shutil.rmtree(out, ignore_errors=True)
     write_tree(out, files)
@@ -94,7 +92,6 @@ def load_into_learners(cfg: Config, learner_group, path: Path) -> None:
         return
     import ray
 
-    from grpo_dist.learner.weights_io import read_tree
 
     files = ray.put({rel: data for rel, data in read_tree(path).items() if rel != STATE_FILE})
     lg.get(lg.call("load_checkpoint_files", files))
