@@ -35,7 +35,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check grpo_dist tests benchmarks launch
 
 test: lint
-	$(PY) -m pytest tests -q --timeout 1800
+	$(PY) -m pytest tests -q --timeout 1800 --durations=25
 
 test-fast: $(STAMP)
 	$(PY) -m pytest tests -q -m "not slow"

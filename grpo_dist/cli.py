@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import time
 from pathlib import Path
@@ -36,8 +35,47 @@ def _fail(msg: str) -> int:
     return 2
 
 
+def _yaml(v) -> str:
+    """``v`` as one line of YAML, as it is written in a config file or after ``--section.key``."""
+    import yaml
+
+    def plain(x):
+        return [plain(y) for y in x] if isinstance(x, (list, tuple)) else \
+            {k: plain(y) for k, y in x.items()} if isinstance(x, dict) else x
+
+    text = yaml.safe_dump(plain(v), default_flow_style=True, width=10**6, sort_keys=False).strip()
+    return text.removesuffix("...").strip()
+
+
+def _allowed(annotation) -> str | None:
+    """The values an enumerated (Literal) field takes: ``one of: a, b`` (``or null`` for an
+    Optional one, ``an integer or auto`` for ``int | Literal["auto"]``); None for other fields."""
+    import typing
+
+    literals, others = [], []
+
+    def walk(t):
+        if typing.get_origin(t) is typing.Literal:
+            literals.extend(typing.get_args(t))
+        elif typing.get_origin(t) is typing.Union:
+            for a in typing.get_args(t):
+                walk(a)
+        else:
+            others.append({int: "an integer", float: "a number", type(None): "null"}.get(t, getattr(t, "__name__", str(t))))
+
+    walk(annotation)
+    if not literals:
+        return None
+    values = ", ".join(str(x) for x in literals)
+    extra = [o for o in others if o != "null"]
+    if extra:
+        return f"{' or '.join(extra)}, or {values}" + (" or null" if "null" in others else "")
+    return f"one of: {values}" + (", null" if "null" in others else "")
+
+
 def describe_fields(section: str | None = None) -> list[str]:
-    """Every config field as ``section.key = default`` and its description (one section or all)."""
+    """Every config field as ``section.key = default`` (YAML) and its description, and the
+    allowed values of an enumerated field (one section or all)."""
     import textwrap
 
     from pydantic import BaseModel
@@ -46,6 +84,8 @@ def describe_fields(section: str | None = None) -> list[str]:
 
     def default(f):
         v = f.default_factory() if f.default_factory is not None else f.default
+        if isinstance(v, list):
+            v = [x.model_dump(mode="json") if isinstance(x, BaseModel) else x for x in v]
         return v.model_dump(mode="json") if isinstance(v, BaseModel) else v
 
     sections = Config.model_fields
@@ -59,8 +99,11 @@ def describe_fields(section: str | None = None) -> list[str]:
         fields = sub.model_fields.items() if sub is not None else [(None, f)]
         for key, ff in fields:
             path = name if key is None else f"{name}.{key}"
-            out.append(f"{path} = {json.dumps(default(ff), default=str)}")
+            out.append(f"{path} = {_yaml(default(ff))}")
             out += textwrap.wrap(ff.description or "", width=96, initial_indent="    ", subsequent_indent="    ")
+            allowed = _allowed(ff.annotation)
+            if allowed:
+                out.append(f"    {allowed}")
     return out
 
 
@@ -81,6 +124,12 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     from grpo_dist.run.inputs import resolve_inputs
 
     cfg = resolve_inputs(cfg)  # a relative model/data path: like output_dir (the submitter's dir in a Ray job)
+    from grpo_dist.run.outputs import resolve_outputs
+
+    try:  # the output_dir, and a resume against its checkpoint (nothing is written yet)
+        resolve_outputs(cfg, write=False)
+    except ConfigError as e:
+        return _fail(str(e))
     from grpo_dist.util.procenv import setup_env
 
     setup_env()
@@ -157,6 +206,10 @@ def _print_summary(s: dict) -> None:
             print(f"{name:18s} before {b:.3f}  after {a:.3f}  ({a - b:+.3f})")
     segs = f" over {s['segments']} segments" if s.get("segments", 1) > 1 else ""
     print(f"steps {s['steps']}  wall {s['wall_seconds']:.0f} s{segs}")
+    failed = {k: v for k, v in s.get("reward_failures", {}).items() if v["failed"]}
+    for name, v in failed.items():  # under reward.max_failure_rate (else the run did not succeed)
+        print(f"reward function {name!r} failed on {v['failed']} of {v['scored']} completions ({v['rate']:.1%}): "
+              f"{v.get('first_failure', '')}")
     print(f"adapter   {s['adapter_dir']}")
     if s.get("wandb_sync"):  # every segment of a resumed run
         print(f"wandb     {s['wandb_dir']}  (offline; upload: `{s['wandb_sync']}`)")
@@ -226,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "LoRA learner and versioned adapter sync, monitored in W&B.",
         epilog="Quick start (CPU, local Ray, tiny model, W&B offline): "
                "grpo-dist train --config configs/tiny_cpu.yaml")
+    from grpo_dist import __version__
+
+    p.add_argument("--version", action="version", version=f"grpo-dist {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     t = sub.add_parser("train", help="run GRPO training (local Ray cluster, or the one of a Ray job)",

@@ -68,19 +68,36 @@ class RolloutGroup:
     rollouts: list[Rollout]
 
 
+# The key under which a record's prompt messages travel in ``columns`` when a chat template
+# rendered them: the reward workers pass them as TRL's conversational ``prompts`` (never as a column).
+PROMPT_MESSAGES = "_prompt_messages"
+
+
+@dataclass(frozen=True)
+class RewardState:
+    """What reward functions get as ``trainer_state`` (TRL passes its ``TrainerState``):
+    ``global_step`` is the number of optimizer updates behind the newest policy version that
+    generated the batch (TRL's ``state.global_step`` when it generates)."""
+
+    global_step: int
+
+
 @dataclass
 class RewardResult:
     """Scores of a flat list of completions.
 
     ``total[i]`` is the (weighted) reward used for advantages; ``per_function[name][i]`` is each
-    reward function's own value (logged as ``reward/<name>``); ``errors[name]`` counts the
-    completions for which that function raised or timed out (they got ``failure_reward``).
+    reward function's own value (logged as ``reward/<name>``), None where the function returned
+    None (TRL's "not applicable"); ``errors[name]`` counts the completions for which that function
+    failed (raised, timed out, returned bad values: they got ``failure_reward``); ``reasons[name]``
+    says why, in one line, for the functions that failed in this call.
     """
 
     total: list[float]
-    per_function: dict[str, list[float]]
+    per_function: dict[str, list[float | None]]
     errors: dict[str, int] = field(default_factory=dict)
     tracebacks: dict[str, str] = field(default_factory=dict)  # name -> its first failure (sent once per worker)
+    reasons: dict[str, str] = field(default_factory=dict)  # name -> why it failed in this call (one line)
 
 
 @dataclass

@@ -72,3 +72,53 @@ def test_help_config_documents_every_field():
     assert "rollout." not in r.stdout
     r = cli("train", "--help-config", "algorithm")
     assert r.returncode == 2 and r.stderr.startswith("config error: --help-config: unknown section 'algorithm'")
+
+
+def test_version():
+    from grpo_dist import __version__
+
+    r = cli("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"grpo-dist {__version__}"
+
+
+def test_a_trl_name_and_a_near_miss_get_our_key_through_the_cli():
+    r = cli("train", "--config", "configs/tiny_cpu.yaml", "--num_generations", "8")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["config error: num_generations: unknown key: this is rollout.group_size "
+                                             "(TRL; G, completions per prompt)"]
+    r = cli("train", "--config", "configs/tiny_cpu.yaml", "--trainer.step", "8")
+    assert r.returncode == 2 and r.stderr.strip() == ("config error: trainer.step: unknown key; did you mean "
+                                                      "trainer.steps?")
+
+
+def test_help_config_lists_allowed_values_and_yaml_defaults():
+    import typing
+
+    from grpo_dist.config import Config
+
+    r = cli("train", "--help-config")
+    assert r.returncode == 0, r.stderr
+    blocks: dict[str, list[str]] = {}
+    head = ""
+    for line in r.stdout.splitlines():
+        if line.startswith(" "):
+            blocks[head].append(line.strip())
+        else:
+            head, _, default = line.partition(" = ")
+            blocks[head] = [default]
+    assert blocks["rollout.backend"][0] == "vllm" and blocks["rollout.backend"][-1] == "one of: vllm, hf"
+    assert blocks["model.dtype"][-1] == "one of: float32, bfloat16, float16, null"
+    assert blocks["trainer.max_staleness"][-1] == "an integer, or auto"
+    assert blocks["lora.target_modules"][0] == "[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]"
+    assert blocks["reward.functions"][0] == "[{name: null, fn: correctness, weight: 1.0, kwargs: {}}]"
+    assert blocks["learner.betas"][0] == "[0.9, 0.99]" and blocks["data.path"][0] == "builtin:add"
+
+    def literals(t):
+        return typing.get_origin(t) is typing.Literal or any(literals(a) for a in typing.get_args(t))
+
+    enumerated = [f"{s}.{k}" for s, f in Config.model_fields.items()
+                  for k, ff in (getattr(f.annotation, "model_fields", None) or {}).items() if literals(ff.annotation)]
+    assert len(enumerated) >= 20
+    for key in enumerated:  # every enumerated field lists its values
+        last = blocks[key][-1]
+        assert last.startswith(("one of: ", "an integer, or ")), (key, last)

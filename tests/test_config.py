@@ -141,3 +141,47 @@ def test_async_rollouts_is_max_staleness_one_step_ahead():
     assert c.trainer.async_rollouts  # the learner takes the behaviour log-probs as pi_old
     c = load_config(ROOT / "configs/tiny_cpu.yaml")
     assert c.trainer.max_staleness == 0 and not c.trainer.async_rollouts
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["--trainer.step", "3"], "trainer.step: unknown key; did you mean trainer.steps?"),
+    (["--trainer.group_size", "4"], "trainer.group_size: unknown key; did you mean rollout.group_size?"),
+    (["--lora.rank", "4"], "lora.rank: unknown key; did you mean lora.r?"),
+    (["--num_generations", "8"], "num_generations: unknown key: this is rollout.group_size (TRL; G, completions "
+                                 "per prompt)"),
+    (["--trainer.max_steps", "8"], "trainer.max_steps: unknown key: this is trainer.steps (TRL; steps, not epochs: "
+                                   "the prompts repeat, reshuffled, as long as it runs)"),
+    (["--actor_rollout_ref.actor.optim.lr", "1e-6"], "actor_rollout_ref.actor.optim.lr: unknown key: this is "
+                                                     "learner.lr (verl)"),
+    (["--data.train_batch_size", "16"], "data.train_batch_size: unknown key: this is rollout.prompts_per_step "
+                                        "(verl; prompts per step; a step trains on prompts_per_step x group_size "
+                                        "completions)"),
+])
+def test_an_unknown_key_says_what_it_is_called_here(overrides, line):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    assert str(e.value) == line
+
+
+def test_a_verl_yaml_section_is_named_by_its_dotted_key(tmp_path):
+    p = tmp_path / "verl.yaml"
+    p.write_text("actor_rollout_ref:\n  rollout:\n    n: 8\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert str(e.value) == ("actor_rollout_ref.rollout.n: unknown key: this is rollout.group_size (verl; G, "
+                            "completions per prompt)")
+
+
+def test_every_trl_and_verl_name_maps_to_a_real_key_and_the_readme_shows_the_table():
+    from grpo_dist.config.aliases import ALIASES, markdown_table
+    from grpo_dist.config.load import config_keys
+
+    keys = set(config_keys())
+    assert {target for target, _, _ in ALIASES.values()} <= keys
+    assert not set(ALIASES) & keys - {"data.shuffle"}  # a name that is ours too is no alias (verl's data.shuffle is)
+    for name in ("num_generations", "max_completion_length", "epsilon", "epsilon_high", "loss_type", "reward_weights",
+                 "beta", "actor_rollout_ref.rollout.n", "actor_rollout_ref.actor.clip_ratio_high"):
+        assert name in ALIASES, name
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Coming from TRL or verl"):]
+    assert markdown_table() in section

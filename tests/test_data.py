@@ -98,7 +98,8 @@ def test_column_mapping_and_limit(tmp_path):
     recs = load_prompts(path, column_mapping={"question": "prompt", "solution": "answer"}, limit=4)
     assert len(recs) == 4 and recs[2].prompt == "2+2=" and recs[2].answer == "4"
     recs = load_prompts(path, prompt_column="question", answer_column="solution")
-    assert recs[1].prompt == "1+1=" and recs[1].columns == {"answer": "2", "level": 1}
+    # every column under its own name (as TRL passes them), the answer also as ``answer``
+    assert recs[1].prompt == "1+1=" and recs[1].columns == {"solution": "2", "answer": "2", "level": 1}
     recs = load_prompts(path, prompt_column="question", answer_column=None)
     assert recs[0].answer is None and recs[0].columns["solution"] == "0"
 

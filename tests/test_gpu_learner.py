@@ -46,6 +46,7 @@ def test_nccl_one_rank_learner_and_every_collective(tiny_model_dir, tmp_path, in
 
     m = learner.train_step(batch(8, 0))
     assert math.isfinite(m["train/loss"]) and m["train/entropy_selected_frac"] <= 0.6
+    assert m["perf/learner_tflops"] > 0 and 0 < m["perf/mfu"] < 1  # against the card's table peak
     learner.save_checkpoint(tmp_path / "ckpt")
     assert learner.export_update().version == 1
     # the collectives themselves, forced through the NCCL group (world 1 skips them in train_step)

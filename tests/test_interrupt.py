@@ -56,8 +56,9 @@ def test_sigint_finishes_the_step_saves_and_resumes_exactly(pretrained_model_dir
             if (p / "trainer_state.json").is_file())
     assert 2 <= k < STEPS
     command = f"grpo-dist train --config {out / 'config.yaml'} --checkpoint.resume auto"
-    assert lines[-1] == (f"interrupted (SIGINT) at step {k} (checkpoint {out / 'checkpoints' / f'step_{k:06d}'}); "
-                         f"resume with: {command}"), lines[-3:]
+    # the driver's last words (lines the actors logged may be forwarded after them)
+    said = f"interrupted (SIGINT) at step {k} (checkpoint {out / 'checkpoints' / f'step_{k:06d}'}); resume with: {command}"
+    assert said in lines, lines[-5:]
     assert any(ln.startswith("SIGINT: stopping after step") for ln in lines)
     print(f"SIGINT -> exit 130 in {stop_s:.1f} s at step {k}")
     deadline = time.time() + 60  # the run's processes (Ray's included) are gone

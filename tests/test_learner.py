@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from grpo_dist.algo import grpo_loss
-from grpo_dist.learner.testing import (loss_inputs, make_learner, random_batch, randomize_lora, small_config,
+from grpo_dist.testing.learner import (loss_inputs, make_learner, random_batch, randomize_lora, small_config,
                                       train_step_with_grads)
 from grpo_dist.types import TrainBatch
 
@@ -110,10 +110,10 @@ def test_logprobs_match_transformers_with_temperature(tiny_model_dir):
 def _manual_whole_batch_grads(learner, batch, cfg):
     """Plain autograd on the PEFT module (no DeepSpeed): the single-process whole-batch gradient."""
     a = cfg.algo
-    mb = learner._collate(batch)
+    mb = learner.layout.collate(batch)
     module = learner.engine.module
-    logp, _ = learner._forward(mb, module)
-    ref = learner._logprobs_nograd(mb, reference=True)
+    logp, _ = learner.policy.forward(mb, module)
+    ref = learner.policy.logprobs_nograd(mb, reference=True)
     loss, _ = grpo_loss(logp, logp.detach(), ref, mb.advantages, mb.mask, beta=a.beta, clip_low=a.clip_low,
                         clip_high=a.clip_high, kl_kind=a.kl_kind, agg=a.agg, max_len=cfg.rollout.max_tokens)
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -275,8 +275,7 @@ def test_top_entropy_token_selection(variant_learner):
         setattr(learner.cfg.algo, k, v)
     batch = make_batch(8, seed=21)
     t = loss_inputs(learner, batch)
-    with torch.no_grad(), learner._eval_mode():
-        ent = learner._forward(learner._collate(batch), learner.engine.module, entropy=True)[1]
+    ent = learner.policy.logprobs_nograd(learner.layout.collate(batch), entropy=True)[1]
     mask = t["mask"]
     threshold = torch.quantile(ent[mask.bool()].float(), 0.5)
     narrowed = mask * (ent >= threshold).to(mask.dtype)
@@ -345,3 +344,88 @@ def test_zero_stages_train_like_stage_0(zero0_run, tiny_model_dir, stage):
     assert up.version == up0.version == 3 and set(up.tensors) == set(up0.tensors)
     for k in up0.tensors:
         torch.testing.assert_close(up.tensors[k], up0.tensors[k], rtol=0, atol=1e-5)
+
+
+def test_softmax_weighted_metrics_reach_the_logs(tiny_model_dir):
+    """Every metric the loss returns reaches train/*: softmax_weighted's seq_logp_mean, weight_min
+    and weight_max (dropped by a fixed key list before), over 4 micro-batches, equal to
+    weighted_nll_loss on the whole batch (min / max over micro-batches, seq_logp_mean over rows)."""
+    from grpo_dist.algo import weighted_nll_loss
+
+    learner, _ = make_learner(make_cfg(tiny_model_dir, algo=dict(preset="softmax_weighted")))
+    randomize_lora(learner, seed=2)
+    rng = torch.Generator().manual_seed(0)
+    batch = make_batch(8, seed=14, advantages=torch.rand(8, generator=rng).tolist())
+    t = loss_inputs(learner, batch)
+    _, want = weighted_nll_loss(t["logp"], t["advantages"], t["mask"])
+    m = learner.train_step(batch)
+    for k in ("seq_logp_mean", "weight_min", "weight_max", "nll_token_mean"):
+        assert m[f"train/{k}"] == pytest.approx(want[k], abs=1e-5, rel=1e-5), k
+    assert m["train/weight_min"] == pytest.approx(min(batch.advantages)) and \
+        m["train/weight_max"] == pytest.approx(max(batch.advantages))
+
+
+def test_metric_accumulator_reduces_any_name_by_its_suffix():
+    from grpo_dist.learner.state import MetricAccumulator
+
+    acc = MetricAccumulator()
+    acc.add({"loss": 0.5, "new_max": 1.0, "new_min": 3.0, "new_thing": 1.0, "seq_x_mean": 2.0}, tokens=1, seqs=3)
+    acc.add({"loss": 0.25, "new_max": 2.0, "new_min": -1.0, "new_thing": torch.tensor(4.0), "seq_x_mean": 6.0},
+            tokens=3, seqs=1)
+    out = acc.reduce(world_size=1)
+    assert out == {"train/loss": 0.75, "train/new_max": 2.0, "train/new_min": -1.0, "train/new_thing": 3.25,
+                   "train/seq_x_mean": 3.0}
+
+
+def test_checkpoint_restores_the_rng_so_dropout_resumes_exactly(tiny_model_dir):
+    """LoRA dropout 0.1 draws from torch's RNG in every training forward: a learner restored from
+    a checkpoint's files trains the next step exactly as the one that wrote them (before the RNG
+    was saved, its dropout masks came from the set-up seed instead)."""
+    cfg = make_cfg(tiny_model_dir, lora=dict(dropout=0.1))
+    a, _ = make_learner(cfg)
+    batch = make_batch(8, seed=41)
+    for _ in range(2):
+        a.train_step(batch)
+    files = a.checkpoint_files({"step": 2})
+    assert "learner_rng/rank0.pt" in files
+    ma, up_a = a.train_step(batch), a.export_update()
+
+    b, _ = make_learner(cfg)
+    assert b.load_checkpoint_files(files) == {"step": 2}
+    mb, up_b = b.train_step(batch), b.export_update()
+    assert mb["train/loss"] == ma["train/loss"] and mb["train/grad_norm"] == ma["train/grad_norm"]
+    for k in up_a.tensors:
+        assert torch.equal(up_a.tensors[k], up_b.tensors[k]), k
+    # the check can fail: another dropout draw gives another gradient
+    c, _ = make_learner(cfg)
+    c.load_checkpoint_files({k: v for k, v in files.items() if not k.startswith("learner_rng/")})
+    assert c.train_step(batch)["train/grad_norm"] != ma["train/grad_norm"]
+
+
+def test_perf_metrics_count_the_step_flops(fresh):
+    """perf/learner_tflops x the step's time = 4 N T (LoRA update) + 2 N T (the reference pass)
+    with N the non-embedding parameters and T the tokens run (every prompt here is its own);
+    perf/mfu divides by the GEMM roof measured at set-up."""
+    from grpo_dist.learner import perf
+
+    learner, info, _ = fresh
+    batch = make_batch(8, seed=15)
+    m = learner.train_step(batch)
+    tokens = sum(len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids))
+    params = perf.non_embedding_params(learner.engine.module)
+    assert 0 < params < info["total_params"]
+    flops = m["perf/learner_tflops"] * 1e12 * m["timing/learn_total"]
+    assert flops == pytest.approx(6 * params * tokens, rel=1e-9)
+    assert m["perf/mfu"] == pytest.approx(m["perf/learner_tflops"] / info["peak_tflops"], rel=1e-9)
+    assert info["peak_tflops"] > 0 and info["peak_source"].startswith("CPU: measured float32 GEMM roof")
+
+
+def test_peak_table_and_cpu_roof():
+    from grpo_dist.learner import perf
+
+    names = {"NVIDIA H100 80GB HBM3": 989.4, "NVIDIA H100 PCIe": 756.0, "NVIDIA H200": 989.4,
+             "NVIDIA A100-SXM4-80GB": 312.0, "NVIDIA A10G": 70.0, "NVIDIA A10": 125.0, "NVIDIA L40S": 362.1,
+             "NVIDIA L4": 121.0, "Some Future GPU": None}
+    assert {n: perf.gpu_peak_tflops(n) for n in names} == names
+    roof = perf.matmul_roof(torch.float32)
+    assert roof > 1e9 and perf.matmul_roof(torch.float32) == roof  # measured once per process

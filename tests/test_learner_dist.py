@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from grpo_dist.util.ports import free_port
-from grpo_dist.learner.testing import random_batch, small_config, two_step_grads, two_step_rank, zero3_rank
+from grpo_dist.testing.learner import random_batch, small_config, two_step_grads, two_step_rank, zero3_rank
 
 
 @pytest.mark.slow

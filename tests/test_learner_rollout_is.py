@@ -12,7 +12,7 @@ import torch
 from grpo_dist.algo import grpo_loss, rollout_is_weights
 from grpo_dist.learner import Learner
 from grpo_dist.util.ports import free_port
-from grpo_dist.learner.testing import loss_inputs, random_batch, randomize_lora, small_config
+from grpo_dist.testing.learner import loss_inputs, random_batch, randomize_lora, small_config
 
 pytestmark = pytest.mark.usefixtures("in_process_learners")
 

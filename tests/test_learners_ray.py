@@ -72,7 +72,7 @@ def adapter_tensors(directory) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("zero", [2, 3])
 def test_two_ranks_train_save_resume_like_one_learner(zero, local_ray, pretrained_model_dir, tmp_path,
                                                        in_process_learners):
-    from grpo_dist.learner.testing import make_learner
+    from grpo_dist.testing.learner import make_learner
 
     out = tmp_path / "run"
     cfg = config(pretrained_model_dir, out, learner={"zero_stage": zero})
@@ -117,7 +117,7 @@ def test_hung_learner_stops_the_run_naming_checkpoint_and_resume_command(local_r
     line naming the rank, the last checkpoint and the exact resume command (no endless wait)."""
     import ray
 
-    from grpo_dist.learner.testing import hang_next_train_step
+    from grpo_dist.testing.learner import hang_next_train_step
     from grpo_dist.run.run import TrainingError
 
     out = tmp_path / "run"

@@ -58,3 +58,58 @@ def test_cli_in_a_ray_job_refuses_a_relative_output_dir_with_one_line(tiny_model
     assert p.stderr.strip().splitlines()[-1].startswith(
         "config error: output_dir: the relative path 'runs/x' would land in Ray's temporary copy")
     assert not (tmp_path / "runs").exists()
+
+
+def _checkpoint(cfg, step=2, holds=None, adapter=None):
+    """A checkpoint directory as checkpoint.save leaves it, as far as the resume check reads it."""
+    from grpo_dist.run.checkpoint import STATE_FILE, holds as holds_of, step_dir
+
+    d = step_dir(cfg, step)
+    d.mkdir(parents=True)
+    state = {"step": step}
+    if holds is not False:
+        state["holds"] = holds or holds_of(cfg)
+    (d / STATE_FILE).write_text(json.dumps(state))
+    if adapter is not None:
+        (d / "adapter").mkdir()
+        (d / "adapter" / "adapter_config.json").write_text(json.dumps(adapter))
+    return d
+
+
+def test_resume_auto_without_a_checkpoint_says_it_starts_fresh(tmp_path, capsys):
+    resolve_outputs(load_config(None, {"output_dir": str(tmp_path), "checkpoint": {"resume": "auto"}}))
+    assert f"no checkpoint in {tmp_path / 'checkpoints'}, starting fresh" in capsys.readouterr().out
+
+
+def test_a_resume_that_changes_what_the_checkpoint_holds_is_refused_and_writes_nothing(tmp_path, tiny_model_dir):
+    base = {"output_dir": str(tmp_path), "model": {"path": str(tiny_model_dir)}}
+    first = resolve_outputs(load_config(None, base))
+    saved = (tmp_path / "config.yaml").read_text()
+    ckpt = _checkpoint(first)
+    ok = resolve_outputs(load_config(None, {**base, "checkpoint": {"resume": "auto"}}), write=False)
+    assert ok.trainer.run_id == first.trainer.run_id
+    cases = [({"lora": {"r": 4}}, "lora.r (8, now 4)"),
+             ({"lora": {"target_modules": ["v_proj", "q_proj"]}},
+              "lora.target_modules ([q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj], now [v_proj, q_proj])"),
+             ({"lora": {"enabled": False}}, "lora.enabled (true, now false)"),
+             ({"model": {"path": str(tmp_path)}}, f"model.path ({tiny_model_dir}, now {tmp_path})")]
+    for change, words in cases:
+        over = {**base, **change, "model": {**base["model"], **change.get("model", {})},
+                "checkpoint": {"resume": "auto"}}
+        with pytest.raises(ConfigError) as e:
+            resolve_outputs(load_config(None, over))
+        assert str(e.value) == (f"checkpoint.resume: {ckpt} was trained with other {words}; resume with the "
+                                f"checkpoint's values or start a new output_dir")
+        assert (tmp_path / "config.yaml").read_text() == saved  # the resume command's file is untouched
+    reordered = {**base, "lora": {"target_modules": list(reversed(first.lora.target_modules))},
+                 "checkpoint": {"resume": str(ckpt)}}
+    resolve_outputs(load_config(None, reordered), write=False)  # the same targets in another order
+
+
+def test_an_older_checkpoint_is_checked_against_its_adapter_and_a_bad_path_is_one_line(tmp_path):
+    cfg = resolve_outputs(load_config(None, {"output_dir": str(tmp_path)}))
+    _checkpoint(cfg, holds=False, adapter={"r": 8, "lora_alpha": 16.0, "target_modules": ["q_proj", "v_proj"]})
+    with pytest.raises(ConfigError, match=r"lora\.target_modules \(\[q_proj, v_proj\], now \[q_proj, k_proj"):
+        resolve_outputs(load_config(None, {"output_dir": str(tmp_path), "checkpoint": {"resume": "auto"}}))
+    with pytest.raises(ConfigError, match=r"^checkpoint\.resume: .*nope is not a complete checkpoint"):
+        resolve_outputs(load_config(None, {"output_dir": str(tmp_path), "checkpoint": {"resume": str(tmp_path / "nope")}}))

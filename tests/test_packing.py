@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from grpo_dist.learner.packing import collate_packed, plan_rows
-from grpo_dist.learner.testing import make_learner, randomize_lora, small_config, train_step_with_grads
+from grpo_dist.testing.learner import make_learner, randomize_lora, small_config, train_step_with_grads
 from grpo_dist.types import TrainBatch
 
 pytestmark = pytest.mark.usefixtures("in_process_learners")
@@ -155,12 +155,11 @@ def test_sliding_window_model_packs_with_its_window(tmp_path):
         assert info["packing"] == "group", learner.packing_line
         randomize_lora(learner, seed=1)
         batch = grouped_batch(4, 4, seed=5)
-        packed, padded = learner._collate(batch), learner._collate(batch, packed=False)
-        with learner._eval_mode(), torch.no_grad():
-            lp_pack = learner._forward(packed, learner.engine.module)[0]
-            lp_pad = learner._forward(padded, learner.engine.module)[0]
-            learner.engine.module.config.sliding_window = None  # Mistral passes it from the config
-            lp_nowindow = learner._forward(packed, learner.engine.module)[0]
+        packed, padded = learner.layout.collate(batch), learner.layout.collate(batch, mode="off")
+        lp_pack = learner.policy.logprobs_nograd(packed)
+        lp_pad = learner.policy.logprobs_nograd(padded)
+        learner.engine.module.config.sliding_window = None  # Mistral passes it from the config
+        lp_nowindow = learner.policy.logprobs_nograd(packed)
         assert torch.allclose(lp_pack, lp_pad, atol=2e-5), float((lp_pack - lp_pad).abs().max())
         assert float((lp_nowindow - lp_pad).abs().max()) > 1e-3
     finally:
@@ -181,19 +180,16 @@ def test_packed_logprobs_and_entropy_equal_padded(twin, layout, cap):
     learner, info = twin
     assert info["packing"] == "group" and learner.packing_line.startswith("learner: group packing on (one row")
     batch = grouped_batch(4, 4, seed=1)
-    try:
-        learner._pack_len = cap or 512  # cap 12: a group's completions spread over several rows
-        packed = learner._collate(batch, packed=layout)
-        rows = packed.input_ids.shape[0]
-        assert rows == (1 if layout == "group" else 4 if cap is None else rows) and (cap is None or rows > 4)
-        padded = learner._collate(batch, packed=False)
-        with learner._eval_mode(), torch.no_grad():
-            lp_pack, ent_pack = learner._forward(packed, learner.engine.module, entropy=True)
-            lp_pad, ent_pad = learner._forward(padded, learner.engine.module, entropy=True)
-            ref_pack = learner._logprobs_nograd(packed, reference=True)
-            ref_pad = learner._logprobs_nograd(padded, reference=True)
-    finally:
-        learner._pack_len = 0
+    # cap 12: a group's completions spread over several rows
+    packed = learner.layout.collate(batch, mode=layout, pack_len=cap or 512)
+    rows = packed.input_ids.shape[0]
+    assert rows == (1 if layout == "group" else 4 if cap is None else rows) and (cap is None or rows > 4)
+    padded = learner.layout.collate(batch, mode="off")
+    policy = learner.policy
+    lp_pack, ent_pack = policy.logprobs_nograd(packed, entropy=True)
+    lp_pad, ent_pad = policy.logprobs_nograd(padded, entropy=True)
+    ref_pack = policy.logprobs_nograd(packed, reference=True)
+    ref_pad = policy.logprobs_nograd(padded, reference=True)
     assert lp_pack.shape == lp_pad.shape
     assert torch.allclose(lp_pack, lp_pad, atol=2e-5), float((lp_pack - lp_pad).abs().max())
     assert torch.allclose(ent_pack, ent_pad, atol=2e-5)
@@ -230,8 +226,8 @@ def test_full_weights_reference_copy_gets_group_attention(tiny_model_dir):
     try:
         assert info["packing"] == "group" and learner.reference.model is not None
         batch = grouped_batch(2, 4, seed=4)
-        ref_pack = learner._logprobs_nograd(learner._collate(batch), reference=True)
-        ref_pad = learner._logprobs_nograd(learner._collate(batch, packed=False), reference=True)
+        ref_pack = learner.policy.logprobs_nograd(learner.layout.collate(batch), reference=True)
+        ref_pad = learner.policy.logprobs_nograd(learner.layout.collate(batch, mode="off"), reference=True)
         assert torch.allclose(ref_pack, ref_pad, atol=2e-5), float((ref_pack - ref_pad).abs().max())
     finally:
         learner.shutdown()
@@ -241,9 +237,9 @@ def test_falls_back_to_padding_when_no_layout_reproduces_padded(tiny_model_dir, 
     """Fault injection: a model whose attention ignores both the 4-D mask (as flash-attention does)
     and the group layout lets every token see the whole row: the set-up check must refuse both
     layouts, say why for each, and train padded."""
-    import grpo_dist.learner.learner as learner_mod
+    import grpo_dist.learner.layout as layout_mod
 
-    real = learner_mod.collate_packed
+    real = layout_mod.collate_packed
 
     def ignoring(*args, **kwargs):
         mb = real(*args, **kwargs)
@@ -251,7 +247,7 @@ def test_falls_back_to_padding_when_no_layout_reproduces_padded(tiny_model_dir, 
         mb.attention_mask = torch.zeros((mb.input_ids.shape[0], 1) + (mb.input_ids.shape[1],) * 2)
         return mb
 
-    monkeypatch.setattr(learner_mod, "collate_packed", ignoring)
+    monkeypatch.setattr(layout_mod, "collate_packed", ignoring)
     learner, info = make_learner(small_config(tiny_model_dir))
     try:
         assert info["packing"] == "off" and info["packed_row_len"] == 0
@@ -260,7 +256,7 @@ def test_falls_back_to_padding_when_no_layout_reproduces_padded(tiny_model_dir, 
         assert "group: max |logp packed - padded|" in line and "; mask: max |logp" in line
         assert "learner.packing: off" in line
         assert learner.engine.module.config._attn_implementation == "sdpa"  # the wrapper was taken off
-        assert not learner._collate(grouped_batch(2, 2)).packed
+        assert not learner.layout.collate(grouped_batch(2, 2)).packed
         m = learner.train_step(grouped_batch(2, 4, seed=3))  # trains, padded
         assert m["train/tokens"] > 0
     finally:

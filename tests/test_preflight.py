@@ -50,7 +50,7 @@ def bad(tmp_path_factory, tiny_model_dir):
         return m
 
     (d / "no_fn.py").write_text("def other(prompts, completions, **kw):\n    return [0.0] * len(completions)\n")
-    (d / "one_arg.py").write_text("def f(completions):\n    return [0.0] * len(completions)\n")
+    (d / "one_arg.py").write_text("def f(c):\n    return [0.0] * len(c)\n")
     (d / "needs_col.py").write_text("def f(prompts, completions, difficulty, **kw):\n    return [0.0] * len(completions)\n")
     (d / "syntax.py").write_text("def f(prompts, completions:\n")
     (d / "data.csv").write_text("prompt,answer\n1+2=,3\n")
@@ -112,7 +112,8 @@ CASES = [
     ("plug-in with a syntax error", lambda b, m: ["--reward.functions", f"[{{fn: '{b['dir']}/syntax.py:f'}}]"],
      r"reward\.functions: reward function '.*syntax\.py:f': loading file '.*' failed: SyntaxError"),
     ("plug-in with the wrong signature", lambda b, m: ["--reward.functions", f"[{{fn: '{b['dir']}/one_arg.py:f'}}]"],
-     r"reward\.functions\[0\]: reward function '.*one_arg\.py:f' must accept \(prompts, completions, \*\*columns\)"),
+     r"reward\.functions\[0\]: reward function '.*one_arg\.py:f' must accept completions \(TRL: fn\(prompts, "
+     r"completions, \*\*kwargs\)\); its signature is \(c\)"),
     ("plug-in needs a column the data lacks",
      lambda b, m: ["--reward.functions", f"[{{fn: '{b['dir']}/needs_col.py:f'}}]"],
      r"data\.path: reward function 'f' needs column 'difficulty', missing in 1000 of 1000 rows of builtin:add"),
@@ -126,7 +127,10 @@ CASES = [
      r"data\.path: .*data\.csv: unsupported file type"),
     ("group_size 1", lambda b, m: ["--rollout.group_size", "1"],  # (also the CLI's one-line format, exactly)
      r"rollout\.group_size: must be >= 2: group-relative advantages need at least two completions \(got 1\)"),
-    ("unknown config key", lambda b, m: ["--rollout.groupsize", "4"], r"rollout\.groupsize: unknown key"),
+    ("unknown config key", lambda b, m: ["--rollout.groupsize", "4"],
+     r"rollout\.groupsize: unknown key; did you mean rollout\.group_size\?"),
+    ("a TRL option name", lambda b, m: ["--num_generations", "4"],
+     r"num_generations: unknown key: this is rollout\.group_size \(TRL"),
     ("invalid YAML in an override", lambda b, m: ["--reward.functions", "[{fn: a"],
      r"reward\.functions: invalid YAML value"),
     ("more CPUs than the local cluster", lambda b, m: ["--rollout.num_workers", "8"],

@@ -8,7 +8,7 @@ import pytest
 
 from grpo_dist.algo import aggregate, grpo_loss, weighted_nll_loss
 from grpo_dist.config.presets import PRESETS
-from grpo_dist.learner.testing import loss_inputs, make_learner, random_batch, randomize_lora, small_config
+from grpo_dist.testing.learner import loss_inputs, make_learner, random_batch, randomize_lora, small_config
 
 pytestmark = pytest.mark.usefixtures("in_process_learners")
 

@@ -19,7 +19,7 @@ from grpo_dist.algo import grpo_loss
 import e2e
 from test_presets import direct_loss
 from grpo_dist.config.presets import PRESETS
-from grpo_dist.learner.testing import loss_inputs, set_lr
+from grpo_dist.testing.learner import loss_inputs, set_lr
 from grpo_dist.testing.rollout import hang_next_generate
 
 pytestmark = pytest.mark.slow

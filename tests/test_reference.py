@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_dist.learner.testing import make_learner, random_batch, randomize_lora, reference_logprobs, small_config
+from grpo_dist.testing.learner import make_learner, random_batch, randomize_lora, reference_logprobs, small_config
 
 pytestmark = pytest.mark.usefixtures("in_process_learners")
 SCALING = 16 / 8  # small_config's LoRA: alpha 16, r 8

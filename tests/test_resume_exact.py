@@ -2,9 +2,10 @@
 and the steps after the checkpoint equal those of an uninterrupted run.
 
 Through the CLI, as a user runs it (local Ray, DeepSpeed learner, transformers rollout backend for
-speed, W&B offline). Sampling seeds are a function of (seed, step, prompt, sample), the learner's
-optimizer and scheduler come back from the checkpoint and the prompt stream from its saved
-position, so the metrics agree exactly except for clocks.
+speed, W&B offline), with LoRA dropout 0.1. Sampling seeds are a function of (seed, step, prompt,
+sample), the learner's optimizer, scheduler and torch RNG (the dropout masks) come back from the
+checkpoint and the prompt stream from its saved position, so the metrics agree exactly except for
+clocks.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ def args(model_dir, out) -> list[str]:
             "--model.path", str(model_dir), "--model.make_if_missing", "null", "--output_dir", str(out),
             "--trainer.steps", str(STEPS), "--trainer.eval_before_after", "false", "--logging.progress", "false",
             "--rollout.backend", "hf", "--rollout.num_workers", "1", "--rollout.prompts_per_step", "4",
-            "--rollout.group_size", "4", "--learner.micro_batch_size", "16", "--checkpoint.every", "1",
-            "--checkpoint.keep", str(STEPS), "--logging.sample_table_every", "0"]
+            "--rollout.group_size", "4", "--learner.micro_batch_size", "16", "--lora.dropout", "0.1",
+            "--checkpoint.every", "1", "--checkpoint.keep", str(STEPS), "--logging.sample_table_every", "0"]
 
 
 def history(out: Path) -> list[dict]:

@@ -217,7 +217,7 @@ def test_worker_timeout_is_abandoned_then_recovers(misbehaving, caplog):
     assert "timed out" in msgs[0] and "release.wait" in msgs[0]  # the stuck stack, first time
     assert "still running" in msgs[1]
     release.set()
-    w._abandoned["rw_slow"].join(2.0)
+    w.caller._abandoned["rw_slow"].join(2.0)
     healed = w.score(["p"], ["a"], {})
     assert healed.per_function["rw_slow"] == [1.0] and healed.errors["rw_slow"] == 0
 
@@ -228,10 +228,12 @@ def test_worker_wrong_length_and_nan_elements(misbehaving, caplog):
         res = w.score(["p"] * 4, ["a", "b", "c", "d"], {})
     assert res.per_function["rw_const"] == [1.0] * 4
     assert res.per_function["rw_short"] == [FAIL] * 4
-    # NaN and the string are failures element-wise; None is TRL's "not applicable" (0.0, no error).
-    assert res.per_function["rw_nan"] == [FAIL, 0.5, FAIL, 0.0]
+    # NaN and the string are failures element-wise; None is TRL's "not applicable": no error, not summed.
+    assert res.per_function["rw_nan"] == [FAIL, 0.5, FAIL, None]
     assert res.errors == {"rw_const": 0, "rw_short": 4, "rw_nan": 2}
-    assert res.total == [1.0 + FAIL + FAIL, 1.0 + FAIL + 0.5, 1.0 + FAIL + FAIL, 1.0 + FAIL + 0.0]
+    assert res.reasons == {"rw_short": "returned 3 values for 4 completions",
+                           "rw_nan": "returned nan, non-numeric str for 2 of 4 completions"}
+    assert res.total == [1.0 + FAIL + FAIL, 1.0 + FAIL + 0.5, 1.0 + FAIL + FAIL, 1.0 + FAIL]
     msgs = " | ".join(r.getMessage() for r in caplog.records)
     assert "'rw_short'" in msgs and "3 values for 4" in msgs
     assert "'rw_nan'" in msgs and "2 of 4" in msgs and "nan" in msgs

@@ -13,7 +13,7 @@ import torch
 from grpo_dist.algo import grpo_loss, rollout_is_weights
 from grpo_dist.config import load_config
 from grpo_dist.train import train
-from grpo_dist.learner.testing import loss_inputs
+from grpo_dist.testing.learner import loss_inputs
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

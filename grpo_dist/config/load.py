@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from grpo_dist.config.aliases import hint
 from grpo_dist.config.root import Config
 from grpo_dist.config.sections import ConfigError, _KeyError
 
@@ -53,12 +54,37 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def config_keys() -> list[str]:
+    """Every dotted key of the config (``rollout.group_size``; ``output_dir``)."""
+    out = []
+    for name, f in Config.model_fields.items():
+        sub = getattr(f.annotation, "model_fields", None)
+        out += [f"{name}.{k}" for k in sub] if sub else [name]
+    return out
+
+
+def _leaves(prefix: str, value: Any) -> list[str]:
+    """The dotted paths under an unknown key whose value is a mapping (verl's nested sections)."""
+    if isinstance(value, dict) and value:
+        return [p for k, v in value.items() for p in _leaves(f"{prefix}.{k}", v)]
+    return [prefix]
+
+
+def _unknown_key(loc: str, value: Any) -> str:
+    """``<key>: unknown key``, and what the key is called here (a TRL / verl name) or the near miss."""
+    for key in _leaves(loc, value):
+        said = hint(key, config_keys())
+        if said.startswith(":"):
+            return f"{key}: unknown key{said}"
+    return f"{loc}: unknown key{hint(loc, config_keys())}"
+
+
 def _format_validation_error(e: ValidationError) -> str:
     err = e.errors()[0]
     loc = ".".join(str(x) for x in err["loc"])
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
-        msg = "unknown key"
+        return _unknown_key(loc, err.get("input"))
     elif msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
     ctx_err = (err.get("ctx") or {}).get("error")

@@ -13,7 +13,7 @@ import random
 from typing import Any, Iterable, Iterator, Mapping
 from urllib.parse import parse_qsl
 
-from grpo_dist.types import PromptRecord
+from grpo_dist.types import PROMPT_MESSAGES, PromptRecord
 
 BUILTIN_PREFIX = "builtin:"
 HF_PREFIX = "hf:"
@@ -151,11 +151,13 @@ def load_prompts(path_or_name: str, *, split: str | None = None, prompt_column: 
     """Load prompts from a file, a saved HF dataset directory, ``hf:<name>[:<config>]`` or ``builtin:<task>``.
 
     ``column_mapping`` renames source columns first (``{"question": "prompt"}``); then the prompt
-    is read from ``prompt_column`` and the reference answer from ``answer_column`` (stored as
-    ``columns["answer"]``; ``answer_column=None`` or an absent column means no answer). Every other
-    column is kept in ``columns``. With ``chat_template=True`` the prompt (a string, or a list of
-    ``{"role","content"}`` messages) goes through ``tokenizer.apply_chat_template`` with an optional
-    ``system_prompt``; ``tokenizer`` may be a tokenizer or a path for ``AutoTokenizer``.
+    is read from ``prompt_column`` and the reference answer from ``answer_column`` (kept under its
+    own name and as ``columns["answer"]``; ``answer_column=None`` or an absent column means no
+    answer). Every other column is kept in ``columns`` under its own name. With
+    ``chat_template=True`` the prompt (a string, or a list of ``{"role","content"}`` messages)
+    goes through ``tokenizer.apply_chat_template`` with an optional ``system_prompt``, and the
+    messages are kept as ``columns[PROMPT_MESSAGES]`` (the reward functions' conversational
+    ``prompts``); ``tokenizer`` may be a tokenizer or a path for ``AutoTokenizer``.
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
@@ -181,21 +183,25 @@ def load_prompts(path_or_name: str, *, split: str | None = None, prompt_column: 
             raise ValueError(f"{path_or_name}: row {i} has no prompt column {prompt_column!r}; "
                              f"available columns: {sorted(row)}")
         prompt = _to_plain(row[prompt_column])
+        # every column under its own name (TRL passes them so); the answer also as ``answer``
+        columns = {k: _to_plain(v) for k, v in row.items() if k != prompt_column}
+        if answer_column is not None and answer_column in row:
+            columns["answer"] = _to_plain(row[answer_column])
         if chat_template:
-            prompt = apply_chat_template(tokenizer, prompt, system_prompt)
+            messages = chat_messages(prompt, system_prompt)
+            prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            columns[PROMPT_MESSAGES] = messages  # the rewards' conversational ``prompts``
         elif not isinstance(prompt, str):
             hint = " (it holds chat messages: pass chat_template=True)" if _is_messages(prompt) else ""
             raise ValueError(f"{path_or_name}: row {i}: prompt column {prompt_column!r} is "
                              f"{type(prompt).__name__}, expected str{hint}")
-        columns = {k: _to_plain(v) for k, v in row.items() if k not in (prompt_column, answer_column)}
-        if answer_column is not None and answer_column in row:
-            columns["answer"] = _to_plain(row[answer_column])
         records.append(PromptRecord(i, prompt, columns))
     return records
 
 
-def apply_chat_template(tokenizer: Any, prompt: Any, system_prompt: str | None = None) -> str:
-    """The model input text for ``prompt`` (str or messages) under ``tokenizer``'s chat template."""
+def chat_messages(prompt: Any, system_prompt: str | None = None) -> list[dict[str, Any]]:
+    """``prompt`` (str or messages) as the message list a chat template renders, with
+    ``system_prompt`` first unless the messages start with a system message."""
     if _is_messages(prompt):
         messages = [dict(m) for m in prompt]
     elif isinstance(prompt, str):
@@ -204,7 +210,13 @@ def apply_chat_template(tokenizer: Any, prompt: Any, system_prompt: str | None =
         raise ValueError(f"cannot apply a chat template to a {type(prompt).__name__} prompt")
     if system_prompt is not None and not (messages and messages[0].get("role") == "system"):
         messages.insert(0, {"role": "system", "content": system_prompt})
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return messages
+
+
+def apply_chat_template(tokenizer: Any, prompt: Any, system_prompt: str | None = None) -> str:
+    """The model input text for ``prompt`` (str or messages) under ``tokenizer``'s chat template."""
+    return tokenizer.apply_chat_template(chat_messages(prompt, system_prompt), tokenize=False,
+                                         add_generation_prompt=True)
 
 
 # ---------------------------------------------------------------------------------- PromptStream

@@ -40,6 +40,7 @@ class Collated:
     first_pos: Optional[torch.Tensor] = None  # [B] long: its prompt's last position in that row
     first_tok: Optional[torch.Tensor] = None  # [B] long: its first token
     groups: Any = None  # group attention (grpo_dist.learner.group_attention.GroupLayout): replaces the 4-D mask
+    tokens: int = 0  # the real (not padding) tokens the layout runs through the model (the FLOP count's)
 
     @property
     def packed(self) -> bool:
@@ -108,7 +109,8 @@ def collate(batch: TrainBatch, rows: Optional[range] = None, pad_id: int = 0) ->
             behaviour[r, :k] = torch.tensor(batch.behaviour_logprobs[i], dtype=torch.float32)
 
     adv = torch.tensor([float(batch.advantages[i]) for i in rows], dtype=torch.float32)
-    return Collated(input_ids, attn, start, index, mask, valid, adv, behaviour, lens)
+    return Collated(input_ids, attn, start, index, mask, valid, adv, behaviour, lens,
+                    tokens=sum(len(p) for p in prompts) + sum(lens))
 
 
 def micro_batch_rows(n: int, num_micro: int) -> list[range]:

@@ -26,7 +26,7 @@ the group layout 1952 and a sixth of the mask layout's attention work (benchmark
 
 The learner checks the layouts once at set-up against the padded one on its own model (an
 attention implementation that ignores a 4-D mask, e.g. flash-attention, fails the check) and
-falls back, saying why (``check_packing``).
+falls back, saying why (``layout.Layout.choose``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from grpo_dist.algo import entropy_from_logits, selective_log_softmax
 from grpo_dist.types import TrainBatch
 
 from .batching import Collated
-from .state import all_reduce_floats
 
 
 def plan_rows(prompts: list[tuple[int, ...]], lens: list[int], max_len: int) -> list[tuple[int, list[int]]]:
@@ -129,7 +128,8 @@ def collate_packed(batch: TrainBatch, rows: Optional[range] = None, pad_id: int 
 
     return Collated(input_ids, attn, 0, index, padded.mask, padded.valid, padded.advantages,
                     padded.behaviour_logp, padded.lengths, position_ids=position_ids, row=row_of,
-                    first_pos=first_pos, first_tok=first_tok, groups=layout)
+                    first_pos=first_pos, first_tok=first_tok, groups=layout,
+                    tokens=sum(n + sum(len(comps[b]) for b in members) for n, members in plan))
 
 
 def packed_token_values(logits: torch.Tensor, mb: Collated, entropy: bool = False):
@@ -153,72 +153,3 @@ def _per_completion(per_pos: torch.Tensor, first: torch.Tensor, mb: Collated) ->
     col0[:, 0] = True
     out = torch.where(col0, first[:, None].to(out.dtype), out)
     return torch.where(mb.valid, out, torch.zeros((), dtype=out.dtype, device=out.device))
-
-
-def check_packing(learner, model_config) -> tuple[str, int, str]:
-    """``learner.packing``: the layout the ``Learner`` trains with -- ``"group"`` (one row per
-    micro-batch, group attention), ``"mask"`` (a row per prompt group, 4-D mask, rows of at most
-    ``length`` tokens) or ``"off"`` (padded) -- its row length for ``mask``, and the line saying so.
-
-    Each candidate (``auto``: group, then mask) must give this model's padded log-probs on a probe
-    batch (2 prompts x 3 completions of random tokens, padded log-probs taken with the model's own
-    attention first): it is kept if its difference from them is within 1e-3 or a tenth of a wrong
-    layout's (the same rows with a plain causal mask: completions see each other), and for
-    ``group``, if the padded layout through the group-attention wrapper is unchanged. Every rank
-    decides alike. A rejected candidate is undone; if none passes, the layout is padded."""
-    from . import group_attention
-
-    cfg = learner.cfg.learner
-    if cfg.packing == "off":
-        return "off", 0, "learner: packing off (learner.packing: off)"
-    length = int(cfg.pack_max_len or getattr(model_config, "hidden_size", 0) or 512)
-    vocab = int(getattr(model_config, "vocab_size", 0) or 32)
-    g = torch.Generator().manual_seed(0)
-
-    def toks(n: int) -> list[int]:
-        return torch.randint(min(4, vocab - 1), vocab, (n,), generator=g).tolist()
-
-    prompts = [toks(3), toks(5)]
-    comps = [toks(n) for n in (4, 1, 6, 3, 5, 2)]
-    probe = TrainBatch(prompt_ids=[prompts[i // 3] for i in range(6)], completion_ids=comps,
-                       behaviour_logprobs=[], advantages=[0.0] * 6)
-    padded = learner._logprobs_nograd(learner._collate(probe, packed="off"))
-    original = getattr(model_config, "_attn_implementation", "?")
-    reasons = []
-    for mode in (["group", "mask"] if cfg.packing == "auto" else [cfg.packing]):
-        error = ""
-        try:
-            if mode == "group":
-                learner._group_attention(True)
-                again = learner._logprobs_nograd(learner._collate(probe, packed="off"))
-                if float((again - padded).abs().max()) > 1e-5:
-                    raise RuntimeError("the padded layout changed under the group-attention wrapper")
-            learner._pack_len = length
-            mb = learner._collate(probe, packed=mode)
-            packed = learner._logprobs_nograd(mb)
-            L = mb.input_ids.shape[1]
-            mb.groups = None  # the wrong layout: one plain causal mask over each row
-            mb.attention_mask = torch.triu(torch.full((L, L), torch.finfo(learner._mask_dtype).min,
-                                                      dtype=learner._mask_dtype), 1).expand(
-                mb.input_ids.shape[0], 1, L, L).contiguous().to(mb.input_ids.device)
-            wrong = learner._logprobs_nograd(mb)
-            d, d_wrong = float((packed - padded).abs().max()), float((wrong - padded).abs().max())
-        except Exception as e:  # an attention implementation that refuses 4-D masks, position ids, ...
-            d, d_wrong, error = float("inf"), 0.0, f"{type(e).__name__}: {e}"
-        finally:
-            learner._pack_len = 0
-        ok = d <= max(1e-3, 0.1 * d_wrong)
-        if learner.world_size > 1:
-            ok = all_reduce_floats([0.0 if ok else 1.0], "max")[0] == 0.0
-        if ok:
-            what = ("one row per micro-batch, group attention" if mode == "group"
-                    else f"a row per prompt group of <= {length} tokens, 4-D mask")
-            return mode, length if mode == "mask" else 0, (
-                f"learner: group packing on ({what}; probe: max |logp packed - padded| {d:.1e}, "
-                f"wrong layout {d_wrong:.1e})")
-        if mode == "group":
-            learner._group_attention(False)
-        reasons.append(f"{mode}: " + (error or f"max |logp packed - padded| {d:.1e} vs {d_wrong:.1e} with a "
-                                              "wrong layout"))
-    return "off", 0, (f"learner: group packing off: the model's attention ({original}) does not give the padded "
-                      f"log-probs packed ({'; '.join(reasons)}); set learner.packing: off to skip this check")

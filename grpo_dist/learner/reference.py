@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator
 
 import torch
 
@@ -72,7 +72,8 @@ class Reference:
 
     # ---------------------------------------------------------------- refresh
     @torch.no_grad()
-    def refresh(self, module: torch.nn.Module, mix: float, gathered: Callable[[list], contextlib.AbstractContextManager]) -> None:
+    def refresh(self, module: torch.nn.Module, mix: float,
+                gathered: Callable[[list], contextlib.AbstractContextManager]) -> None:
         """``ref <- mix * policy + (1 - mix) * ref``. ``gathered(params)``: a context that makes
         ZeRO-3 partitioned parameters whole (a no-op below stage 3)."""
         if not 0.0 < mix <= 1.0:
@@ -84,7 +85,8 @@ class Reference:
                     r.lerp_(p.detach().to(r.dtype), mix)
         elif self.lora:
             layers = _lora_layers(module)
-            params = [p for _, layer in layers for p in (layer.lora_A["default"].weight, layer.lora_B["default"].weight)]
+            params = [p for _, layer in layers
+                      for p in (layer.lora_A["default"].weight, layer.lora_B["default"].weight)]
             with gathered(params):
                 snap = {name: (layer.lora_A["default"].weight.detach().clone(),
                                (layer.lora_B["default"].weight.detach() * layer.scaling["default"]).clone())
@@ -93,7 +95,8 @@ class Reference:
             self.blocks.append((mix, snap))
             self._rebuild()
         else:
-            raise RuntimeError("no reference to refresh: full fine-tuning keeps a reference copy only when algo.beta > 0")
+            raise RuntimeError("no reference to refresh: full fine-tuning keeps a reference copy only when "
+                               "algo.beta > 0")
         self.refreshes += 1
 
     def _rebuild(self) -> None:

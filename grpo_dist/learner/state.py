@@ -4,7 +4,7 @@ for an ``AdapterUpdate``.
 
 Collectives and their devices (the audit of ``grpo_dist/learner``; ``grpo_dist/algo`` has none):
 
-* ``all_reduce_floats`` (global token/sequence counts, the metric sums and maxima, the kept-token
+* ``all_reduce_floats`` (global token/sequence counts, the metric sums and extremes, the kept-token
   count of ``top_entropy_frac``) and ``barrier`` (``weights_io``): on ``collective_device()``, the
   device the process group's backend takes -- CUDA for NCCL (which rejects CPU tensors: "No
   backend type associated with device type cpu"), CPU for gloo / MPI / a ``cpu:gloo,...`` group.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import math
+import zlib
 from typing import Any, Iterable, Mapping, Optional
 
 import torch
@@ -25,64 +26,85 @@ import torch
 # Loss terms are normalised by *global* counts, so micro-batch and rank values add up to the
 # whole-batch value: they are summed, not averaged.
 SUM_KEYS = ("loss", "loss_policy", "loss_kl")
-# Per-token diagnostics: averaged over micro-batches and ranks weighted by their token counts.
-MEAN_KEYS = ("kl_mean", "clip_frac_low", "clip_frac_high", "clip_frac", "dual_clip_frac", "ratio_mean",
-             "entropy", "logprob_diff_behaviour_mean", "nll_token_mean",
-             "is_weight_mean", "is_clipped_frac", "is_masked_frac")
-# Extremes over all micro-batches and ranks (``ratio_min`` is stored negated and reduced with MAX).
-MAX_KEYS = ("ratio_max", "ratio_min", "logprob_diff_behaviour_max", "is_weight_max", "is_ratio_max")
 # Output names (``train/<name>``) where they differ from the algo metric names.
 RENAME = {"kl_mean": "kl"}
 
 
+def reduction(name: str) -> str:
+    """How metric ``name`` combines over micro-batches and ranks: ``"sum"`` (the loss terms),
+    ``"max"`` (``*_max``), ``"min"`` (``*_min``), ``"seq"`` (``seq_*``: a mean over sequences)
+    or ``"mean"`` (anything else: a mean weighted by the completion tokens)."""
+    if name in SUM_KEYS:
+        return "sum"
+    if name.endswith("_max"):
+        return "max"
+    if name.endswith("_min"):
+        return "min"
+    return "seq" if name.startswith("seq_") else "mean"
+
+
 class MetricAccumulator:
-    """Fixed key set (identical on every rank, so one all-reduce of a packed tensor works)."""
+    """Any metric name, reduced as :func:`reduction` says. Values may be floats or 0-d tensors:
+    tensors are read once, in ``reduce`` (one host sync per step, not one per micro-batch).
+
+    With several ranks every rank must have added the same names (they run the same code on
+    their shards); ``reduce`` checks that with a hash of the names riding along in its
+    all-reduce, and raises rather than mix up two names' values."""
 
     def __init__(self) -> None:
-        self.sums = {k: 0.0 for k in SUM_KEYS}
-        self.num = {k: 0.0 for k in MEAN_KEYS}
-        self.den = {k: 0.0 for k in MEAN_KEYS}
-        self.max = {k: -math.inf for k in MAX_KEYS}
+        self._entries: dict[str, list[tuple[Any, float]]] = {}
 
-    def add(self, metrics: Mapping[str, float], tokens: float) -> None:
+    def add(self, metrics: Mapping[str, Any], tokens: float, seqs: float = 0.0) -> None:
+        """One micro-batch's ``metrics`` over ``tokens`` completion tokens and ``seqs`` sequences
+        (the weights of the means); a min / max over no tokens is left out."""
         for k, v in metrics.items():
-            if k in self.sums:
-                self.sums[k] += float(v)
-            elif k in self.num:
-                self.num[k] += float(v) * tokens
-                self.den[k] += tokens
-            elif k in self.max and tokens > 0:
-                v = -float(v) if k == "ratio_min" else float(v)
-                self.max[k] = max(self.max[k], v)
+            kind = reduction(k)
+            entries = self._entries.setdefault(k, [])  # the name exists on every rank, weight or not
+            if kind in ("max", "min") and tokens <= 0:
+                continue
+            entries.append((v, 1.0 if kind == "sum" else float(seqs) if kind == "seq" else float(tokens)))
 
-    def add_weighted(self, key: str, value: float, weight: float) -> None:
-        self.num[key] += float(value) * weight
-        self.den[key] += weight
+    def add_weighted(self, key: str, value: Any, weight: float) -> None:
+        """``key``'s ``value`` with weight ``weight`` in its mean (the learner's own diagnostics)."""
+        self._entries.setdefault(key, []).append((value, float(weight)))
+
+    def _read(self) -> dict[str, list[tuple[float, float]]]:
+        """Every value as a float: the tensors among them stacked and read in one go."""
+        tensors = [v for es in self._entries.values() for v, _ in es if isinstance(v, torch.Tensor)]
+        read = iter(torch.stack([t.detach().reshape(()).double() for t in tensors]).tolist() if tensors else [])
+        return {k: [(next(read) if isinstance(v, torch.Tensor) else float(v), w) for v, w in es]
+                for k, es in self._entries.items()}
 
     def reduce(self, world_size: int, iterations: int = 1) -> dict[str, float]:
-        """All-reduce over ranks (when ``world_size > 1``) and return ``train/*`` floats.
-
-        Sums are divided by ``iterations`` (mean over the updates of one step); keys no rank saw
-        (e.g. ``clip_frac_high`` for the weighted NLL loss) are left out.
-        """
-        sums = [self.sums[k] for k in SUM_KEYS]
-        nd = [self.num[k] for k in MEAN_KEYS] + [self.den[k] for k in MEAN_KEYS]
-        mx = [self.max[k] for k in MAX_KEYS]
+        """All-reduce over ranks (when ``world_size > 1``: one SUM and one MAX) and return
+        ``train/*`` floats. Sums are divided by ``iterations`` (the mean over the updates of one
+        step); a name without weight on every rank (a ``*_max`` over no tokens) is left out."""
+        values = self._read()
+        names = sorted(values)
+        kinds = {k: reduction(k) for k in names}
+        summed = [k for k in names if kinds[k] not in ("max", "min")]
+        extreme = [k for k in names if kinds[k] in ("max", "min")]
+        sums = ([sum(v * (1.0 if kinds[k] == "sum" else w) for v, w in values[k]) for k in summed]
+                + [sum(w for _, w in values[k]) for k in summed])
+        # *_min rides along negated, so that one MAX reduction serves both
+        ext = [max(((v if kinds[k] == "max" else -v) for v, _ in values[k]), default=-math.inf) for k in extreme]
         if world_size > 1:
-            vals = all_reduce_floats(sums + nd, "sum")
-            m = all_reduce_floats([x if math.isfinite(x) else -1e300 for x in mx], "max")
-            sums, nd = vals[:len(SUM_KEYS)], vals[len(SUM_KEYS):]
-            mx = [x if x > -1e299 else -math.inf for x in m]
+            digest = float(zlib.crc32("\n".join(names).encode()))
+            sums = all_reduce_floats(sums, "sum")
+            got = all_reduce_floats([x if math.isfinite(x) else -1e300 for x in ext] + [digest, -digest], "max")
+            if got[-2:] != [digest, -digest]:
+                raise RuntimeError(f"the learner ranks reported different metric names (this rank: {names})")
+            ext = [x if x > -1e299 else -math.inf for x in got[:-2]]
         out: dict[str, float] = {}
-        for k, v in zip(SUM_KEYS, sums):
-            out[f"train/{k}"] = v / max(1, iterations)
-        n = len(MEAN_KEYS)
-        for i, k in enumerate(MEAN_KEYS):
-            if nd[n + i] > 0:
-                out[f"train/{RENAME.get(k, k)}"] = nd[i] / nd[n + i]
-        for k, v in zip(MAX_KEYS, mx):
+        n = len(summed)
+        for i, k in enumerate(summed):
+            if kinds[k] == "sum":
+                out[f"train/{k}"] = sums[i] / max(1, iterations)
+            elif sums[n + i] > 0:
+                out[f"train/{RENAME.get(k, k)}"] = sums[i] / sums[n + i]
+        for k, v in zip(extreme, ext):
             if math.isfinite(v):
-                out[f"train/{k}"] = -v if k == "ratio_min" else v
+                out[f"train/{RENAME.get(k, k)}"] = v if kinds[k] == "max" else -v
         return out
 
 
@@ -156,8 +178,6 @@ def strip_prefixes(name: str, prefixes: tuple[str, ...] = ("module.", "_orig_mod
 
 
 def global_norm(tensors: Iterable[Optional[torch.Tensor]]) -> float:
-    sq = 0.0
-    for t in tensors:
-        if t is not None:
-            sq += float(t.detach().double().pow(2).sum())
-    return math.sqrt(sq)
+    """The 2-norm of all ``tensors`` together, in float64, read with one host sync."""
+    norms = [torch.linalg.vector_norm(t.detach(), dtype=torch.float64) for t in tensors if t is not None]
+    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0

@@ -1,8 +1,9 @@
 """The learner's weights and state going out and coming back: the update for the rollout workers,
-the PEFT adapter (or full model) on disk, and DeepSpeed checkpoints (with the KL reference).
+the PEFT adapter (or full model) on disk, DeepSpeed checkpoints (with the KL reference and this
+rank's torch RNG), and the reference refresh.
 
-A mixin of :class:`grpo_dist.learner.Learner`: it uses the learner's ``cfg``, ``engine``, ``rank``,
-``world_size``, ``_version``, ``reference`` and ``_trainable()``.
+``WeightsIO`` works on a :class:`~grpo_dist.learner.model.PolicyModel` it is given; the
+``Learner`` holds one and hands the public calls to it.
 """
 
 from __future__ import annotations
@@ -16,40 +17,42 @@ from typing import Optional
 
 import torch
 
+from grpo_dist.config import Config
 from grpo_dist.types import AdapterUpdate
+from grpo_dist.util.files import read_tree, write_tree
 
+from .model import PolicyModel
 from .state import barrier, cpu_copies, json_safe, strip_prefixes
 
 _STATE_KEY = "grpo_dist_learner"
+RNG_DIR = "learner_rng"  # rank r's torch RNG: <checkpoint>/learner_rng/rank<r>.pt
 
 
 class WeightsIO:
+    def __init__(self, cfg: Config, policy: PolicyModel):
+        self.cfg, self.policy = cfg, policy
+        self.rank, self.world_size = policy.rank, policy.world_size
+        self._transport = None  # sync.transport, made on the first publish_update
+
     # ------------------------------------------------------------------ weights out
-    def _gathered(self, params: list[torch.nn.Parameter]):
-        if self.cfg.learner.zero_stage == 3:
-            import deepspeed
-
-            return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
-        return contextlib.nullcontext()
-
     def export_update(self) -> Optional[AdapterUpdate]:
         """Current weights for the rollout workers (call on every rank; rank 0 returns them)."""
-        self._require_setup()
-        module = self.engine.module
+        p = self.policy
+        module = p.module
         if self.cfg.lora.enabled:
             from peft import get_peft_model_state_dict
 
-            with self._gathered(self._trainable()):
+            with p.gathered(p.trainable()):
                 tensors = cpu_copies(get_peft_model_state_dict(module).items()) if self.rank == 0 else None
             peft_config = json_safe(module.peft_config["default"].to_dict())
         else:
-            with self._gathered(list(module.parameters())):
+            with p.gathered(list(module.parameters())):
                 tensors = (cpu_copies((strip_prefixes(k), v) for k, v in module.state_dict().items())
                            if self.rank == 0 else None)
             peft_config = None
         if self.rank != 0:
             return None
-        return AdapterUpdate(version=self._version, tensors=tensors, peft_config=peft_config)
+        return AdapterUpdate(version=p.version, tensors=tensors, peft_config=peft_config)
 
     def publish_update(self) -> object:
         """``export_update`` handed to the configured transport (``sync.transport``): the
@@ -66,10 +69,10 @@ class WeightsIO:
 
     def save_adapter(self, out_dir: str | os.PathLike) -> None:
         """PEFT adapter dir (LoRA) or a full HF model dir + tokenizer; rank 0 writes."""
-        self._require_setup()
-        module = self.engine.module
-        params = self._trainable() if self.cfg.lora.enabled else list(module.parameters())
-        with self._gathered(params):
+        p = self.policy
+        module = p.module
+        params = p.trainable() if self.cfg.lora.enabled else list(module.parameters())
+        with p.gathered(params):
             if self.rank == 0:
                 Path(out_dir).mkdir(parents=True, exist_ok=True)
                 module.save_pretrained(str(out_dir))
@@ -79,34 +82,49 @@ class WeightsIO:
                     AutoTokenizer.from_pretrained(self.cfg.model.path).save_pretrained(str(out_dir))
         self._barrier()
 
+    def refresh_reference(self, mix: Optional[float] = None) -> dict[str, float]:
+        """Mix the current policy into the KL reference (``algo.ref_refresh_mix`` unless given);
+        every rank must call it. The policy and the rollout workers are untouched."""
+        p = self.policy
+        mix = self.cfg.algo.ref_refresh_mix if mix is None else float(mix)
+        p.reference.refresh(p.module, mix, p.gathered)
+        return {"train/ref_refreshes": float(p.reference.refreshes), "train/ref_rank": float(p.reference.rank)}
+
     def _barrier(self) -> None:
         if self.world_size > 1:
             barrier()
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, ckpt_dir: str | os.PathLike, client_state: Optional[dict] = None) -> None:
-        """DeepSpeed checkpoint (trainable weights, optimizer, scheduler, steps) + ``adapter/``.
-        Every rank must call it."""
-        self._require_setup()
+        """DeepSpeed checkpoint (trainable weights, optimizer, scheduler, steps) + ``adapter/`` +
+        the reference (after a refresh) + every rank's torch RNG. Every rank must call it."""
+        p = self.policy
         # DeepSpeed returns its own keys (ds_config, ...) mixed into the client state on load: keep
         # ours under one key.
-        state = {_STATE_KEY: {"version": self._version, "client_state": dict(client_state or {})}}
-        self.engine.save_checkpoint(str(ckpt_dir), client_state=state,
-                                    exclude_frozen_parameters=self.cfg.lora.enabled)
+        state = {_STATE_KEY: {"version": p.version, "client_state": dict(client_state or {})}}
+        rng = rng_state(p.device)  # before anything below could draw from it
+        p.engine.save_checkpoint(str(ckpt_dir), client_state=state, exclude_frozen_parameters=self.cfg.lora.enabled)
         self.save_adapter(Path(ckpt_dir) / "adapter")
+        (Path(ckpt_dir) / RNG_DIR).mkdir(parents=True, exist_ok=True)
+        torch.save(rng, Path(ckpt_dir) / RNG_DIR / f"rank{self.rank}.pt")
         if self.rank == 0:
-            self.reference.save(ckpt_dir)
+            p.reference.save(ckpt_dir)
         self._barrier()
 
     def load_checkpoint(self, ckpt_dir: str | os.PathLike) -> dict:
-        """Restore a ``save_checkpoint`` directory; returns the client_state given to it."""
-        self._require_setup()
-        path, client = self.engine.load_checkpoint(str(ckpt_dir), load_module_strict=not self.cfg.lora.enabled)
+        """Restore a ``save_checkpoint`` directory; returns the client_state given to it. This
+        rank's torch RNG comes back too where the checkpoint has it (a checkpoint from before it
+        was saved, or from a run with fewer ranks, leaves it as set-up seeded it)."""
+        p = self.policy
+        path, client = p.engine.load_checkpoint(str(ckpt_dir), load_module_strict=not self.cfg.lora.enabled)
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint found in {ckpt_dir}")
         ours = (client or {}).get(_STATE_KEY, {})
-        self._version = int(ours.get("version", self.engine.global_steps))
-        self.reference.load(ckpt_dir, self.device)
+        p.version = int(ours.get("version", p.engine.global_steps))
+        p.reference.load(ckpt_dir, p.device)
+        rng_file = Path(ckpt_dir) / RNG_DIR / f"rank{self.rank}.pt"
+        if rng_file.is_file():
+            set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=True), p.device)
         return dict(ours.get("client_state", {}))
 
     # ------------------------------------------------------------------ the same, shipped to the driver
@@ -132,6 +150,21 @@ class WeightsIO:
             return read_tree(tmp) if self.rank == 0 else {}
 
 
+def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """torch's CPU generator state, and ``device``'s CUDA generator state when it is a GPU (LoRA
+    dropout draws from the generator of the device it runs on)."""
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
 @contextlib.contextmanager
 def _scratch(tag: str):
     path = Path(tempfile.mkdtemp(prefix=f"grpo_dist-{tag}-"))
@@ -139,20 +172,3 @@ def _scratch(tag: str):
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
-
-
-def read_tree(root: str | os.PathLike) -> dict[str, bytes]:
-    """Every file under ``root``: relative POSIX path -> bytes."""
-    root = Path(root)
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def write_tree(root: str | os.PathLike, files: dict[str, bytes]) -> None:
-    """Write ``read_tree``'s mapping under ``root`` (refusing paths that leave it)."""
-    root = Path(root).resolve()
-    for rel, data in files.items():
-        out = (root / rel).resolve()
-        if root not in out.parents:
-            raise ValueError(f"refusing to write {rel!r} outside {root}")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(data)

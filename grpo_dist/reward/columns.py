@@ -16,8 +16,8 @@ from grpo_dist.config import Config, ConfigError
 from grpo_dist.reward.builtin import composite_components, composite_reward
 from grpo_dist.reward.registry import build_reward_fns, registered_options
 
-# columns the pipeline itself adds to every completion before scoring (rollout/dispatch.score)
-PIPELINE_COLUMNS = frozenset({"completion_ids"})
+# what the pipeline itself passes with every completion (reward.worker.score_inputs), never from the data
+PIPELINE_COLUMNS = frozenset({"completion_ids", "trainer_state"})
 
 
 def check_rewards(cfg: Config) -> dict[str, tuple[Any, set[str]]]:
@@ -36,7 +36,8 @@ def check_rewards(cfg: Config) -> dict[str, tuple[Any, set[str]]]:
 
 def required_columns(spec: str, fn: Any, key: str) -> set[str]:
     """Dataset columns ``fn`` (a functools.partial with the configured options) cannot run
-    without; ConfigError when it cannot be called as ``fn(prompts, completions, **columns)``."""
+    without; ConfigError when it cannot take completions: it needs a ``completions`` parameter
+    (TRL: ``fn(prompts=..., completions=..., **kwargs)``) or two positional ones (``fn(p, c, **kw)``)."""
     inner = fn.func if isinstance(fn, functools.partial) else fn
     bound = set(fn.keywords) if isinstance(fn, functools.partial) else set()
     try:
@@ -44,11 +45,16 @@ def required_columns(spec: str, fn: Any, key: str) -> set[str]:
     except (TypeError, ValueError):
         return set()  # no signature to inspect (a C callable): trust it
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(positional) < 2 and not any(p.kind is p.VAR_POSITIONAL for p in params):
-        raise ConfigError(f"{key}: reward function {spec!r} must accept (prompts, completions, **columns); "
-                          f"its signature is {inspect.signature(inner)}")
-    rest = positional[2:] + [p for p in params if p.kind is p.KEYWORD_ONLY]
-    bad = [p.name for p in positional[2:] if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
+    by_keyword = any(p.name == "completions" and p.kind is not p.POSITIONAL_ONLY for p in params)
+    if not by_keyword and len(positional) < 2 and not any(p.kind is p.VAR_POSITIONAL for p in params):
+        raise ConfigError(f"{key}: reward function {spec!r} must accept completions (TRL: fn(prompts, completions, "
+                          f"**kwargs)); its signature is {inspect.signature(inner)}")
+    if by_keyword:  # called with keywords: every named parameter but these is a column
+        rest = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    else:
+        rest = positional[2:] + [p for p in params if p.kind is p.KEYWORD_ONLY]
+    tail = params if by_keyword else positional[2:]  # what must arrive as a keyword
+    bad = [p.name for p in tail if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
     if bad:
         raise ConfigError(f"{key}: reward function {spec!r} has positional-only parameters {bad}; dataset columns "
                           f"arrive as keyword arguments")

@@ -1,7 +1,7 @@
 """Reward-function lookup: builtin names, ``module.path:function`` and ``file.py:function``.
 
 Every reward function has TRL's signature ``fn(prompts, completions, **dataset_columns) ->
-list[float]``. A config entry (:class:`~grpo_dist.config.RewardFnConfig`) names one with ``fn``:
+list[float]`` and is called as TRL calls it, with keyword arguments (:func:`call_reward`). A config entry (:class:`~grpo_dist.config.RewardFnConfig`) names one with ``fn``:
 
 * a registered name (``correctness``, ``math``, ``format``, ``length``, ``pattern``, ``composite``, or
   anything a plug-in registered with :func:`register_reward`);
@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable
 
 from grpo_dist.util.plugins import load_object
 
-__all__ = ["NamedReward", "build_reward_fns", "builtin_names", "call_reward", "get_reward_fn",
+__all__ = ["NamedReward", "build_reward_fns", "builtin_names", "call_reward", "get_reward_fn", "is_async",
            "register_reward"]
 
 RewardFn = Callable[..., list]
@@ -95,14 +95,41 @@ def _accepts_var_kwargs(fn: Any) -> bool:
 
 def call_reward(fn: RewardFn, prompts: Any, completions: Any, options: dict[str, Any],
                 columns: dict[str, Any]) -> Any:
-    """``fn(prompts, completions, **columns, **options)`` where configured options win: columns
-    named like an option (or like a registered function's option parameter) are dropped."""
+    """Call ``fn`` as TRL does, ``fn(prompts=..., completions=..., **columns)``, with configured
+    ``options`` winning over columns of the same name (or named like a registered function's
+    option parameter).
+
+    * ``fn`` names a ``completions`` parameter: keyword call (TRL's ``def f(completions,
+      **kwargs)`` gets ``prompts`` in its ``kwargs``); otherwise positional,
+      ``fn(prompts, completions, **columns)`` (``lambda p, c, **kw: ...``).
+    * ``fn`` has no ``**kwargs``: only the columns it names are passed (TRL would raise).
+    """
     blocked = set(options) | set(_RESERVED)
     for entry in list(_REGISTRY.values()):
         if entry.fn is fn:
             blocked |= entry.options
             break
-    return fn(prompts, completions, **{k: v for k, v in columns.items() if k not in blocked}, **options)
+    cols = {k: v for k, v in columns.items() if k not in blocked}
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # no signature (a C callable): the house's positional form
+        return fn(prompts, completions, **cols, **options)
+    named = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    if not var_kw:
+        cols = {k: v for k, v in cols.items() if k in named}
+    if "completions" in named:
+        head = {"prompts": prompts} if "prompts" in named or var_kw else {}
+        return fn(**head, completions=completions, **cols, **options)
+    return fn(prompts, completions, **cols, **options)
+
+
+def is_async(fn: Any) -> bool:
+    """``fn`` (a function, a ``functools.partial`` of one, or an object with an async
+    ``__call__``) is an ``async def``: calling it gives a coroutine to await."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(inspect.getattr_static(type(fn), "__call__", None))
 
 
 def _qualified(fn: Any) -> str:
@@ -152,6 +179,11 @@ class NamedReward:
     name: str
     fn: Callable[..., Any]
     weight: float = 1.0
+
+    @property
+    def is_async(self) -> bool:
+        """An ``async def`` reward: the call returns a coroutine (the worker awaits it)."""
+        return is_async(self.fn)
 
     def __call__(self, prompts: list, completions: list, **columns: Any) -> Any:
         """Call ``fn``; dataset columns never override the configured options (:func:`call_reward`)."""

@@ -91,13 +91,15 @@ def score(reward: ActorGroup, groups: list[RolloutGroup], functions: list[str] |
 
 def merge_scores(parts: list[RewardResult]) -> RewardResult:
     """Reward results of consecutive completions as one (tracebacks: the first of each function)."""
-    total, per_fn, errors, tracebacks = [], {}, {}, {}
+    total, per_fn, errors, tracebacks, reasons = [], {}, {}, {}, {}
     for p in parts:
         total.extend(p.total)
         for k, v in getattr(p, "tracebacks", {}).items():
             tracebacks.setdefault(k, v)
+        for k, v in getattr(p, "reasons", {}).items():
+            reasons.setdefault(k, v)
         for k, v in p.per_function.items():
             per_fn.setdefault(k, []).extend(v)
         for k, v in p.errors.items():
             errors[k] = errors.get(k, 0) + v
-    return RewardResult(total=total, per_function=per_fn, errors=errors, tracebacks=tracebacks)
+    return RewardResult(total=total, per_function=per_fn, errors=errors, tracebacks=tracebacks, reasons=reasons)

@@ -36,7 +36,7 @@ class RolloutManager:
     def scored_batch(self, step: int, timer) -> tuple[list, RewardResult, dict[str, float]]:
         """Step ``step``'s groups and scores: the batch generated ahead for it, or generated now.
         With dynamic sampling, zero-spread groups are dropped and refilled (bounded rounds).
-        Raises RewardFailureError past ``reward.max_failure_rate``."""
+        Raises RewardFailureError for a reward function that keeps failing (reward/failures.py)."""
         cfg, G = self.cfg, self.cfg.rollout.group_size
         want = cfg.rollout.prompts_per_step
         kept, totals, per_fn, errors, m = [], [], {}, {}, {}
@@ -54,7 +54,7 @@ class RolloutManager:
             seen += len(got.groups)
             for k, v in scores.errors.items():
                 errors[k] = errors.get(k, 0) + v
-            self.watch.observe(len(scores.total), scores.errors, scores.tracebacks)
+            self.watch.observe(scores)
             filtering = cfg.algo.dynamic_sampling and rounds < cfg.algo.max_sampling_rounds
             for i, g in enumerate(got.groups):
                 part = slice(i * G, (i + 1) * G)

@@ -1,12 +1,13 @@
 """Checkpoints: ``<checkpoint.dir>/step_<n>/`` holds the learner's DeepSpeed state (optimizer,
-scheduler, step), the adapter in PEFT format (``adapter/``), and ``trainer_state.json`` (step,
-data position, the driver process's Python ``random`` state and torch's initial seed).
-``checkpoint.resume: auto`` continues from the newest one.
+scheduler, step), the adapter in PEFT format (``adapter/``), each learner rank's torch RNG
+(``learner_rng/rank<r>.pt``), and ``trainer_state.json`` (step, data position, the driver
+process's Python ``random`` state). ``checkpoint.resume: auto`` continues from the newest one.
 
-RNG: resuming restores only the driver's Python ``random`` state. No actor's RNG is saved: the
-learner's torch generators (LoRA dropout) and the rollout engines' sampling start again from their
-configured seeds, so a resumed run is not bit-identical to an uninterrupted one.
-"""
+RNG: resuming restores the driver's Python ``random`` state and every learner rank's torch
+generators (CPU, and the rank's GPU where it has one), which LoRA dropout draws from. The rollout
+engines keep no RNG worth saving: each sample's seed is a function of (trainer.seed, step, prompt,
+sample). So a resumed run repeats an uninterrupted one's steps exactly, dropout included
+(``tests/test_resume_exact.py``)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from grpo_dist.config import Config
+from grpo_dist.config import Config, ConfigError
+from grpo_dist.util.files import read_tree, write_tree
 
 STATE_FILE = "trainer_state.json"
 
@@ -37,8 +39,8 @@ def list_checkpoints(directory: Path) -> list[Path]:
 def _rng_state() -> dict[str, Any]:
     """The driver's random state: Python's ``random`` only. The driver draws nothing from torch
     (sampling seeds are derived from (trainer.seed, step, prompt), the prompt order from the
-    stream's own seeded state), so there is no torch state to keep; the learners' RNG is in their
-    DeepSpeed checkpoint."""
+    stream's own seeded state), so there is no torch state to keep; each learner rank saves its
+    own torch RNG next to its DeepSpeed state (``learner_rng/``)."""
     version, internal, gauss = random.getstate()
     return {"python": [version, list(internal), gauss]}
 
@@ -54,13 +56,11 @@ def save(cfg: Config, workers, step: int, data_state: dict, run_state: dict | No
     continue its records (per-step metrics, the evaluation before training)."""
     out = step_dir(cfg, step)
     out.mkdir(parents=True, exist_ok=True)
-    state = {"step": step, "data": data_state, "rng": _rng_state(), "run": run_state or {}}
+    state = {"step": step, "data": data_state, "rng": _rng_state(), "run": run_state or {}, "holds": holds(cfg)}
     lg = workers.learner
     if _direct(cfg):
         lg.get(lg.call("save_checkpoint", str(out), {"step": step}))
     else:
-        from grpo_dist.learner.weights_io import write_tree
-
         merged: dict[str, bytes] = {}
         for files in lg.get(lg.call("checkpoint_files", {"step": step})):
             for rel, data in files.items():
@@ -79,8 +79,6 @@ def save_final(cfg: Config, learner_group, out: Path) -> Path:
     if _direct(cfg):
         lg.get(lg.call("save_adapter", str(out)))
     else:
-        from grpo_dist.learner.weights_io import write_tree
-
         files = lg.get(lg.call("adapter_files"))[0]
         shutil.rmtree(out, ignore_errors=True)
         write_tree(out, files)
@@ -112,7 +110,6 @@ def load_into_learners(cfg: Config, learner_group, path: Path) -> None:
         return
     import ray
 
-    from grpo_dist.learner.weights_io import read_tree
 
     files = ray.put({rel: data for rel, data in read_tree(path).items() if rel != STATE_FILE})
     lg.get(lg.call("load_checkpoint_files", files))
@@ -129,6 +126,73 @@ def resolve(cfg: Config) -> Path | None:
     if not (p / STATE_FILE).is_file():
         raise FileNotFoundError(f"checkpoint.resume: {p} is not a complete checkpoint (no {STATE_FILE})")
     return p
+
+
+def _model_path(path: str) -> str:
+    p = Path(path).expanduser()
+    return str(p.resolve()) if p.exists() else path  # a hub id stays as it is
+
+
+def holds(cfg: Config) -> dict[str, Any]:
+    """The config values a checkpoint's weights are made for: a resume must keep them."""
+    out: dict[str, Any] = {"model.path": _model_path(cfg.model.path), "lora.enabled": cfg.lora.enabled}
+    if cfg.lora.enabled:
+        out.update({"lora.r": cfg.lora.r, "lora.alpha": cfg.lora.alpha,
+                    "lora.target_modules": list(cfg.lora.target_modules)})
+    return out
+
+
+def _held(path: Path) -> dict[str, Any]:
+    """What the checkpoint at ``path`` holds: recorded in its state, else (older checkpoints)
+    read from its adapter's ``adapter_config.json``."""
+    state = json.loads((path / STATE_FILE).read_text())
+    if "holds" in state:
+        return state["holds"]
+    adapter = path / "adapter" / "adapter_config.json"
+    if not adapter.is_file():
+        return {}
+    a = json.loads(adapter.read_text())
+    return {"lora.enabled": True, "lora.r": a.get("r"), "lora.alpha": a.get("lora_alpha"),
+            "lora.target_modules": a.get("target_modules")}
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(str(x) for x in v) + "]"
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+_said: set[str] = set()
+
+
+def check_resume(cfg: Config, log_fn=print) -> Path | None:
+    """The checkpoint a resume continues from, checked before anything starts: ConfigError
+    (``checkpoint.resume: ...``) for a path that is no checkpoint, or a config that changes what
+    the checkpoint holds (:func:`holds`: the model, full vs LoRA, LoRA rank, alpha and targets),
+    naming every key that differs. ``resume: auto`` with no checkpoint logs that the run starts
+    fresh."""
+    if not cfg.checkpoint.resume:
+        return None
+    try:
+        path = resolve(cfg)
+    except FileNotFoundError as e:
+        raise ConfigError(str(e)) from None
+    if path is None:
+        msg = f"no checkpoint in {cfg.checkpoint_dir}, starting fresh (checkpoint.resume auto)"
+        if msg not in _said:
+            _said.add(msg)
+            log_fn(msg)
+        return None
+    old, new = _held(path), holds(cfg)
+    same = lambda k: (sorted(old[k]) == sorted(new[k]) if k == "lora.target_modules" else old[k] == new[k])
+    diff = [k for k in new if k in old and old[k] is not None and not same(k)]
+    if not new["lora.enabled"] and old.get("lora.enabled"):
+        diff = ["lora.enabled"]  # the LoRA keys do not apply to full weights
+    if diff:
+        what = ", ".join(f"{k} ({_show(old[k])}, now {_show(new.get(k))})" for k in diff)
+        raise ConfigError(f"checkpoint.resume: {path} was trained with other {what}; resume with the checkpoint's "
+                          f"values or start a new output_dir")
+    return path
 
 
 def restore(cfg: Config, workers, stream) -> tuple[int, dict, Path | None]:

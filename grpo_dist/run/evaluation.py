@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpo_dist.config import Config
 from grpo_dist.reward.columns import EvalPlan, check_rewards, plan_eval
+from grpo_dist.reward.failures import whole_batch_failures
 
 if TYPE_CHECKING:
     from grpo_dist.cluster.ray_utils import ActorGroup
@@ -39,11 +40,15 @@ def summarise(plan: EvalPlan, groups: list[Any], scores: Any) -> tuple[dict[str,
     """Report fields of one generation pass (``groups`` scored as ``scores``, a RewardResult over
     ``plan.used``) and the per-group correctness (None without accuracy rewards)."""
     n = len(scores.total)
+    applicable = {k: [x for x in v if x is not None] for k, v in scores.per_function.items()}  # None: not applicable
     out: dict[str, Any] = {"mean_reward": sum(scores.total) / n if n else 0.0,
-                           "reward_means": {k: sum(v) / len(v) for k, v in scores.per_function.items() if v}}
+                           "reward_means": {k: sum(v) / len(v) for k, v in applicable.items() if v}}
+    errors = {k: v for k, v in scores.errors.items() if v}
+    if errors:
+        out["reward_errors"] = errors
     if not plan.accuracy:
         return out, None
-    flat = [float(all(scores.per_function[a][i] >= CORRECT_AT for a in plan.accuracy)) for i in range(n)]
+    flat = [float(all((scores.per_function[a][i] or 0.0) >= CORRECT_AT for a in plan.accuracy)) for i in range(n)]
     correct, i = [], 0
     for g in groups:
         correct.append(flat[i:i + len(g.rollouts)])
@@ -70,7 +75,8 @@ def evaluate(cfg: Config, rollout: "ActorGroup", reward: "ActorGroup", records: 
     n = cfg.eval.samples_per_prompt
     temp = cfg.eval.temperature if cfg.eval.temperature is not None else cfg.rollout.temperature
     groups = dispatch.generate(rollout, records, n=n, temperature=temp, seed=EVAL_SEED)
-    sampled, correct = summarise(plan, groups, dispatch.score(reward, groups, functions=plan.used))
+    scores = dispatch.score(reward, groups, functions=plan.used)
+    sampled, correct = summarise(plan, groups, scores)
     report: dict[str, Any] = {
         "num_prompts": len(records),
         "samples_per_prompt": n,
@@ -80,7 +86,13 @@ def evaluate(cfg: Config, rollout: "ActorGroup", reward: "ActorGroup", records: 
         "accuracy_rewards": plan.accuracy,
         "mean_reward": sampled["mean_reward"],
         "reward_means": sampled["reward_means"],
+        "num_completions": len(scores.total),
     }
+    if "reward_errors" in sampled:  # completions each reward function failed on
+        report["reward_errors"] = sampled["reward_errors"]
+    broken = whole_batch_failures(scores)  # a reward that failed on every completion (the run stops before training)
+    if broken:
+        report["reward_failures"] = broken
     if plan.describe():
         report["note"] = plan.describe()
     if correct is not None:

@@ -38,22 +38,34 @@ def _absolute(path: str, key: str) -> str:
     return str(Path.cwd() / p)
 
 
-def resolve_outputs(cfg: Config) -> Config:
+def resolve_outputs(cfg: Config, write: bool = True) -> Config:
     """A copy of ``cfg`` with absolute ``output_dir`` / ``checkpoint.dir`` and a ``trainer.run_id``
-    (the one in ``<output_dir>/run.json`` when resuming, else a new one, written there)."""
+    (the one in ``<output_dir>/run.json`` when resuming, else a new one). A resume is checked
+    against its checkpoint first (``checkpoint.check_resume``: ConfigError naming the keys that
+    differ). ``write``: write ``run.json`` and ``config.yaml`` now (:func:`write_run_files`; a
+    ``Run`` writes them once the pre-flight accepted the config)."""
+    from grpo_dist.run.checkpoint import check_resume
+
     cfg = cfg.model_copy(deep=True)
     cfg.output_dir = _absolute(cfg.output_dir, "output_dir")
     if cfg.checkpoint.dir:
         cfg.checkpoint.dir = _absolute(cfg.checkpoint.dir, "checkpoint.dir")
-    out = Path(cfg.output_dir)
-    run_file = out / RUN_FILE
+    check_resume(cfg)  # before anything is written: a refused resume leaves the run's files as they were
+    run_file = Path(cfg.output_dir) / RUN_FILE
     if cfg.trainer.run_id is None:
         old = json.loads(run_file.read_text()).get("run_id") if run_file.is_file() else None
         cfg.trainer.run_id = old if (old and cfg.checkpoint.resume) else uuid.uuid4().hex[:12]
-    out.mkdir(parents=True, exist_ok=True)
-    run_file.write_text(json.dumps({"run_id": cfg.trainer.run_id}, indent=1))
-    (out / "config.yaml").write_text(dump_config(cfg))
+    if write:
+        write_run_files(cfg)
     return cfg
+
+
+def write_run_files(cfg: Config) -> None:
+    """``<output_dir>/run.json`` (the run id) and ``config.yaml`` (what the resume command reads)."""
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / RUN_FILE).write_text(json.dumps({"run_id": cfg.trainer.run_id}, indent=1))
+    (out / "config.yaml").write_text(dump_config(cfg))
 
 
 def resume_command(cfg: Config) -> str:
@@ -78,13 +90,17 @@ def mean_timing(history: list[dict[str, float]]) -> dict[str, float]:
 
 
 def write_summary(out: Path, steps: int, wall: float, adapter_dir, wandb_dir, metrics: dict, history: list[dict],
-                  before: dict | None, after: dict | None, extra: dict | None = None) -> dict[str, Any]:
+                  before: dict | None, after: dict | None, reward_failures: dict | None = None,
+                  extra: dict | None = None) -> dict[str, Any]:
     """``<out>/summary.json``: the whole run (``history`` from step 1, ``wall`` over every segment,
-    also after a resume); ``extra``: more top-level keys."""
+    also after a resume); ``reward_failures``: per reward function, completions scored and failed
+    over the whole run; ``extra``: more top-level keys."""
     summary: dict[str, Any] = {"steps": steps, "wall_seconds": wall, "adapter_dir": str(adapter_dir),
                                "wandb_dir": wandb_dir, **(extra or {}), "final_metrics": metrics,
                                "reward_curve": [h.get("rollout/reward_mean") for h in history],
                                "mean_timing": mean_timing(history)}
+    if reward_failures is not None:
+        summary["reward_failures"] = reward_failures
     for name, rep in (("before", before), ("after", after)):
         if rep is not None:
             for key in ("sampled_accuracy", "greedy_accuracy", "mean_reward"):  # no accuracy without answers

@@ -27,6 +27,7 @@ from typing import Any, Callable
 from grpo_dist.config import Config, ConfigError, dump_config
 from grpo_dist.envs.base import env_factory
 from grpo_dist.reward.columns import PIPELINE_COLUMNS, check_rewards, plan_eval
+from grpo_dist.types import PROMPT_MESSAGES
 
 log = logging.getLogger("grpo_dist.run.preflight")
 
@@ -156,7 +157,7 @@ def _check_columns(records: list[Any], rewards: dict[str, tuple[Any, set[str]]],
             continue
         missing = [i for i, r in enumerate(records) if r.columns.get(col) is None]
         if missing:
-            have = sorted(records[missing[0]].columns)
+            have = sorted(k for k in records[missing[0]].columns if k != PROMPT_MESSAGES)
             hint = " (set data.answer_column or data.column_mapping)" if col == "answer" else ""
             raise ConfigError(f"{key}: {who} needs column {col!r}, missing in {len(missing)} of {len(records)} "
                               f"rows of {source} (first: row {missing[0]}; columns there: {have}){hint}")

@@ -29,7 +29,7 @@ from grpo_dist.run.evaluation import eval_metrics, evaluate
 from grpo_dist.run.monitor import Monitor, StepTimer, non_finite
 from grpo_dist.run.monitor.wandb_logger import wandb_segments
 from grpo_dist.run.inputs import resolve_inputs
-from grpo_dist.run.outputs import resolve_outputs, resume_command, resume_hint, write_summary
+from grpo_dist.run.outputs import resolve_outputs, resume_command, resume_hint, write_run_files, write_summary
 from grpo_dist.run.prepare import make_monitor
 from grpo_dist.run.workers import Workers, start_workers
 from grpo_dist.sync.weight_sync import WeightSync
@@ -49,7 +49,7 @@ class Run:
     logger, a profiler or a test's recorder)."""
 
     def __init__(self, cfg: Config, monitor: Monitor | None = None, callbacks: tuple = ()):
-        self.cfg = cfg = resolve_outputs(resolve_inputs(cfg))  # absolute paths on this node, run id
+        self.cfg = cfg = resolve_outputs(resolve_inputs(cfg), write=False)  # absolute paths, run id, the resume checked
         self.out = Path(cfg.output_dir)
         self.monitor, self.callbacks = monitor, list(callbacks)
         self.sleeps = sleeps_while_learning(cfg)  # colocated on GPU: engines sleep while the learner trains
@@ -63,6 +63,7 @@ class Run:
         self._resume_point: dict | None = None  # the prompt stream before the current step's prompts
         self.stop_requested: str | None = None  # a signal's name: stop after the current step
         self._saved_step = -1  # the step of the last checkpoint written
+        self._watch_point: dict = {}  # the reward failure counts up to the last finished step
 
     # ------------------------------------------------------------------------------- start
     def start(self) -> Config:
@@ -72,6 +73,7 @@ class Run:
         cfg = self.cfg
         self.out.mkdir(parents=True, exist_ok=True)
         self.train_records, self.eval_records = preflight.prepared_data(cfg)  # cached: checked once per process
+        write_run_files(cfg)  # config.yaml (the resume command's) only once the config is accepted
         stream = PromptStream(self.train_records, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
         init_ray(cfg)
         check_storage(cfg)  # cluster.shared_dir seen by every node; full weights on several nodes need it
@@ -95,10 +97,18 @@ class Run:
                 self.before = state.get("eval_before")
                 self._wall_before = float(state.get("wall_seconds", 0.0))
                 self._segments = int(state.get("segments", 1)) + 1
+                self.rollouts.watch.load_state_dict(state.get("reward_watch", {}))  # the whole run's failure counts
             self.sync.restore()  # the engines serve the restored weights
         self._resume_point = self.rollouts.data_state()
+        self._watch_point = self.rollouts.watch.state_dict()  # the failure counts at that point
         if self.before is None and cfg.trainer.eval_before_after and self.eval_records:
             self.before = self.evaluate("before training")  # a resumed run keeps the original start's
+            broken = self.before.get("reward_failures", {})
+            if broken and cfg.reward.max_failure_rate < 1:  # a reward broken on every eval completion: stop now
+                fn, why = next(iter(broken.items()))
+                raise TrainingError(f"reward function {fn!r} failed on all {self.before['num_completions']} completions "
+                                    f"of the evaluation before training: {why}; nothing was trained: fix the function "
+                                    f"and run again")
         self.monitor.start(cfg.trainer.steps)
         return cfg
 
@@ -126,6 +136,9 @@ class Run:
         try:
             yield
         except RewardFailureError as e:
+            if e.first_step and self.step == 0:  # broken from the first batch: nothing to keep
+                tail = f"\n{e.details()}" if e.traceback else ""
+                raise TrainingError(f"step 1: {e}; nothing was trained: fix the function and run again{tail}") from None
             path = self.save(self._resume_point)
             raise TrainingError(f"step {self.step + 1}: {e}; stopped with a checkpoint of step {self.step} in "
                                 f"{path}; fix the function, then resume with: {resume_command(self.cfg)}\n"
@@ -149,6 +162,7 @@ class Run:
         self.check_finite(m, "this step")
         self.step += 1
         self._resume_point = self.rollouts.data_state()
+        self._watch_point = self.rollouts.watch.state_dict()
         if cfg.trainer.eval_every and self.step % cfg.trainer.eval_every == 0 and self.eval_records:
             m.update(eval_metrics(self.evaluate()))
         for cb in self.callbacks:
@@ -188,16 +202,24 @@ class Run:
         adapter_dir = checkpoint.save_final(cfg, self.workers.learner, self.out / "adapter")
         metrics = self.history[-1] if self.history else {}
         metrics = {k: v for k, v in metrics.items() if k != "step"}
+        watch = self.rollouts.watch
         summary = write_summary(self.out, self.step, self.wall_seconds(), adapter_dir,
                                 getattr(self.monitor, "wandb_dir", None), metrics, self.history, self.before, after,
+                                reward_failures=watch.report(),
                                 extra={"wall_seconds_this_segment": time.perf_counter() - self._t0,
                                        "segments": self._segments, **wandb_segments(cfg)})
         self.monitor.summary({k: v for k, v in summary.items() if not isinstance(v, dict)})
+        try:  # no run succeeds in which a reward function failed past reward.max_failure_rate
+            watch.check_run()
+        except RewardFailureError as e:
+            raise TrainingError(f"the run finished ({self.step} steps, adapter in {adapter_dir}), but {e}: see "
+                                f"reward_failures in {self.out / 'summary.json'}") from None
         return summary
 
     def save(self, data_state: dict | None) -> Path:
         path = checkpoint.save(self.cfg, self.workers, self.step, data_state or self.rollouts.data_state(),
                                {"history": self.history, "eval_before": self.before,
+                                "reward_watch": self._watch_point,
                                 "wall_seconds": self.wall_seconds(), "segments": self._segments})
         print(f"checkpoint saved: {path}", flush=True)
         self._saved_step = self.step

@@ -2,25 +2,28 @@
 test modules): test configs and batches, and the functions that look inside or inject faults into a
 ``Learner`` (passed to a Ray learner actor through its one hook, ``debug_call``).
 
-Nothing here is used in training.
+Nothing here is used in training, and importing it binds no port and starts nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 from typing import Any, Iterator, Optional
 
 import torch
 
-from grpo_dist.util.ports import free_port
 from grpo_dist.config import Config, config_from_dict
 from grpo_dist.types import TrainBatch
 
 
-def small_config(model_dir, *, algo=None, learner=None, lora=None, rollout=None, trainer=None) -> Config:
-    """8 sequences per step (2 prompts x G=4), micro-batches of 2, LoRA dropout 0."""
+def small_config(model_dir, *, algo=None, learner=None, lora=None, rollout=None, trainer=None,
+                 cluster=None) -> Config:
+    """8 sequences per step (2 prompts x G=4), micro-batches of 2, LoRA dropout 0, one torch thread
+    (``Learner.setup`` sets the process's threads from ``cluster.torch_threads``)."""
     return config_from_dict(dict(
+        cluster={"torch_threads": 1, **(cluster or {})},
         model={"path": str(model_dir)},
         lora={"dropout": 0.0, **(lora or {})},
         rollout={"prompts_per_step": 2, "group_size": 4, "max_tokens": 8, **(rollout or {})},
@@ -30,16 +33,21 @@ def small_config(model_dir, *, algo=None, learner=None, lora=None, rollout=None,
     ))
 
 
-# one world-1 process group for every in-process learner of this process; a port picked once per
-# process (a fixed one collided between two pytest processes on the same machine)
-IN_PROCESS_PORT = free_port()
+@functools.cache
+def in_process_port() -> int:
+    """The port of the one world-1 process group every in-process learner of this process uses:
+    picked on the first call, once per process (a fixed one collided between two pytest processes
+    on the same machine)."""
+    from grpo_dist.util.ports import free_port
+
+    return free_port()
 
 
 def make_learner(cfg: Config):
     """A world-1 learner in this process, set up; returns ``(learner, setup info)``."""
     from grpo_dist.learner import Learner
 
-    learner = Learner(cfg, rank=0, world_size=1, master_port=IN_PROCESS_PORT)
+    learner = Learner(cfg, rank=0, world_size=1, master_port=in_process_port())
     info = learner.setup()
     return learner, info
 
@@ -66,8 +74,8 @@ def randomize_lora(learner, seed: int = 0, std: float = 0.05) -> None:
 
 def reference_logprobs(learner, batch: TrainBatch) -> list[list[float]]:
     """Per-completion-token log-probs of the learner's KL reference (see ``reference.py``), no grad."""
-    mb = learner._collate(batch)
-    logp = learner._logprobs_nograd(mb, reference=True).cpu()
+    mb = learner.layout.collate(batch)
+    logp = learner.policy.logprobs_nograd(mb, reference=True).cpu()
     return [logp[r, :n].tolist() for r, n in enumerate(mb.lengths)]
 
 
@@ -75,10 +83,10 @@ def loss_inputs(learner, batch: TrainBatch) -> dict[str, torch.Tensor]:
     """The tensors the loss sees for the whole batch in one forward (no grad): logp, ref_logp,
     mask, advantages -- for checking train/loss against grpo_dist.algo called directly. Also runs
     inside a Ray learner actor: ``actor.debug_call.remote(loss_inputs, batch)``."""
-    mb = learner._collate(batch)
-    out = {"logp": learner._logprobs_nograd(mb), "mask": mb.mask, "advantages": mb.advantages}
-    if learner._needs_ref():
-        out["ref_logp"] = learner._logprobs_nograd(mb, reference=True)
+    mb = learner.layout.collate(batch)
+    out = {"logp": learner.policy.logprobs_nograd(mb), "mask": mb.mask, "advantages": mb.advantages}
+    if learner.policy.needs_ref():
+        out["ref_logp"] = learner.policy.logprobs_nograd(mb, reference=True)
     return out
 
 
@@ -178,15 +186,17 @@ def zero3_rank(rank: int, world: int, port: int, model_dir: str, out_dir: str, b
 
 def hang_next_train_step(learner, seconds: float) -> None:
     """Fault injection: the learner's next forward pass (inside its next ``train_step``) stalls
-    ``seconds`` first (a hung rank). Patches the instance's ``_forward``, which ``train_step``
-    looks up on the instance (Ray dispatches the actor method itself from the class)."""
+    ``seconds`` first (a hung rank). Patches ``forward`` on the learner's ``PolicyModel``
+    instance, where the training step looks it up (Ray dispatches the actor's own methods from
+    the class, so patching those on the instance would not reach them)."""
     import time
 
-    forward = learner._forward
+    policy = learner.policy
+    forward = policy.forward
 
     def stalled(*args, **kwargs):
-        del learner._forward  # only this call hangs
+        del policy.forward  # only this call hangs
         time.sleep(seconds)
         return forward(*args, **kwargs)
 
-    learner._forward = stalled
+    policy.forward = stalled

@@ -1,0 +1,190 @@
+"""The training step of one learner rank: micro-batches, the passes before the update (reference,
+``pi_old``), the loss, backward and optimizer steps, and the ``train/*`` / ``perf/*`` metrics.
+
+Loss normalisation: every micro-batch's loss is aggregated with the *global* counts (completion
+tokens / sequences summed over all micro-batches and ranks), so the sum over micro-batches and
+ranks is exactly the single-process whole-batch loss. DeepSpeed averages gradients over ranks,
+so ``engine.backward(loss * world_size, scale_wrt_gas=False)`` makes the final gradient the
+gradient of that whole-batch loss (no division by the accumulation steps either).
+
+Host syncs: the learner's own metrics (entropy, behaviour log-prob gaps) stay tensors until the end
+of the step and are read in one go; the token counts of the loss's normalisation are read once per
+step, before the first forward; the gradient and parameter norms once each.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+
+from grpo_dist.algo import masked_mean, rollout_is_weights
+from grpo_dist.config import Config
+from grpo_dist.types import TrainBatch
+
+from . import perf
+from .batching import Collated, micro_batch_rows
+from .layout import Layout
+from .loss import compute_loss
+from .model import PolicyModel
+from .state import MetricAccumulator, all_reduce_floats, global_norm
+
+
+def old_logp_source(cfg: Config) -> str:
+    """Source of old_logp (pi_old), the ratio's denominator. "policy": the learner's own log-probs
+    under the current weights before the update (the proximal policy): logp.detach() when
+    num_iterations == 1 (ratio 1), else recomputed once, no grad, before the first update.
+    "behaviour": the rollout engine's log-probs (batch.behaviour_logprobs), so the clipped ratio
+    itself is the importance-sampling correction of stale (async) rollouts. With
+    algo.rollout_is != none pi_old is always "policy" and the mismatch pi_old / pi_behaviour is
+    corrected by separate, bounded weights on the policy loss (decoupled PPO; see
+    grpo_dist.algo.rollout_is)."""
+    return "behaviour" if cfg.trainer.async_rollouts and cfg.algo.rollout_is == "none" else "policy"
+
+
+class TrainStep:
+    """``algo.num_iterations`` optimizer steps on this rank's shard of a batch (``run``)."""
+
+    def __init__(self, policy: PolicyModel, layout: Layout, peak_flops: float = 0.0,
+                 old_source: Optional[str] = None):
+        self.policy, self.layout, self.cfg = policy, layout, policy.cfg
+        self.peak_flops = peak_flops  # perf/mfu's denominator (FLOP/s); 0 leaves perf/mfu out
+        self.params = perf.non_embedding_params(policy.module)
+        self.old_logp_source = old_source or old_logp_source(self.cfg)
+
+    def _sum_over_ranks(self, values: list[float]) -> list[float]:
+        return values if self.policy.world_size == 1 else all_reduce_floats(values, "sum")
+
+    def run(self, batch: TrainBatch) -> dict[str, float]:
+        """Train on ``batch`` (this rank's shard); returns ``train/*``, ``perf/*`` and ``timing/*``."""
+        a, p = self.cfg.algo, self.policy
+        t0 = time.perf_counter()
+        if len(batch.advantages) != len(batch):
+            raise ValueError(f"batch has {len(batch)} completions but {len(batch.advantages)} advantages")
+        micro = [self.layout.collate(batch, r) for r in micro_batch_rows(len(batch), p.gas)]
+        nograd_passes = 0
+        selected = None
+        if a.top_entropy_frac < 1.0:
+            selected, nograd_passes = self._keep_high_entropy(micro, a.top_entropy_frac), 1
+        counts = torch.stack([mb.mask.sum() for mb in micro]).tolist()  # one read for every micro-batch
+        global_tokens, global_seqs = self._sum_over_ranks([float(sum(counts)), float(len(batch))])
+        t1 = time.perf_counter()
+
+        ref = [p.logprobs_nograd(mb, reference=True) for mb in micro] if p.needs_ref() else None
+        use_is = a.rollout_is != "none"
+        if (self.old_logp_source == "behaviour" or use_is) and any(mb.behaviour_logp is None for mb in micro):
+            need = ("old_logp_source='behaviour'" if self.old_logp_source == "behaviour"
+                    else f"algo.rollout_is={a.rollout_is}")
+            raise ValueError(f"{need} needs behaviour_logprobs for every completion")
+        if self.old_logp_source == "behaviour":
+            old = [mb.behaviour_logp for mb in micro]
+        elif a.num_iterations > 1:
+            old = [p.logprobs_nograd(mb) for mb in micro]
+        else:
+            old = None  # logp.detach() per micro-batch: ratio 1, on-policy gradient
+        nograd_passes += (ref is not None) + (old is not None and self.old_logp_source == "policy")
+        # IS weights: fixed for the step (pi_old does not move between iterations); with old None they
+        # are made from the first iteration's logp.detach(), micro-batch by micro-batch
+        is_w: list = [None] * len(micro)
+        t2 = time.perf_counter()
+
+        acc = MetricAccumulator()
+        grad_norms: list[float] = []
+        lr = float(p.engine.get_lr()[0])
+        max_len = a.max_len or self.cfg.rollout.max_tokens
+        for it in range(a.num_iterations):
+            for i, mb in enumerate(micro):
+                logp, ent = p.forward(mb, entropy=(it == 0))
+                old_i = old[i] if old is not None else logp.detach()
+                ref_i = ref[i] if ref is not None else (old_i if a.kl_reference == "old" and a.beta > 0 else None)
+                if use_is and is_w[i] is None:
+                    is_w[i], is_metrics = rollout_is_weights(
+                        old_i, mb.behaviour_logp, mb.mask, a.rollout_is, a.rollout_is_level,
+                        a.rollout_is_threshold, a.rollout_is_threshold_low)
+                    acc.add(is_metrics, counts[i], len(mb.lengths))
+                loss, metrics = compute_loss(a, logp, old_i, ref_i, mb.advantages, mb.mask, max_len=max_len,
+                                             global_tokens=global_tokens, global_seqs=global_seqs,
+                                             is_weights=is_w[i])
+                acc.add(metrics, counts[i], len(mb.lengths))
+                if it == 0:
+                    self._diagnostics(acc, logp.detach(), ent, mb, counts[i])
+                p.engine.backward(loss * p.world_size, scale_wrt_gas=False)
+                if i == len(micro) - 1 and self.cfg.learner.zero_stage == 0:
+                    grad_norms.append(global_norm(self._full_grads()))
+                p.engine.step()
+            p.version += 1
+            gn = p.engine.get_global_grad_norm()
+            if gn is not None and len(grad_norms) < it + 1:
+                grad_norms.append(float(gn))
+        t3 = time.perf_counter()
+
+        out = acc.reduce(p.world_size, a.num_iterations)
+        real = float(sum(mb.tokens for mb in micro))
+        t_end = time.perf_counter()
+        out.update({
+            "train/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
+            "train/lr": lr, "train/tokens": global_tokens, "train/sequences": global_seqs,
+            "train/version": float(p.version),
+            **({"train/ref_refreshes": float(p.reference.refreshes)} if a.ref_refresh_every else {}),
+            **({"train/entropy_selected_frac": selected} if selected is not None else {}),
+            # NaN/inf here means the update broke the weights: the driver stops before syncing them
+            **({"train/param_norm": global_norm(p.trainable())} if self.cfg.learner.zero_stage < 3 else {}),
+            **self._perf(real, a.num_iterations, nograd_passes, t_end - t0),
+            "timing/learn_prepare": t1 - t0, "timing/learn_ref_old": t2 - t1,
+            "timing/learn_update": t3 - t2, "timing/learn_total": t_end - t0,
+        })
+        return out
+
+    def _perf(self, tokens: float, updates: int, nograd_passes: int, seconds: float) -> dict[str, float]:
+        """``perf/learner_tflops`` (this rank's model FLOPs over the step's wall time, as
+        ``perf.step_flops`` counts them) and ``perf/mfu`` (over the peak set at set-up)."""
+        flops = perf.step_flops(self.params, tokens * updates, tokens * nograd_passes, not self.cfg.lora.enabled)
+        rate = flops / max(seconds, 1e-9)
+        out = {"perf/learner_tflops": rate / 1e12}
+        if self.peak_flops > 0:
+            out["perf/mfu"] = rate / self.peak_flops
+        return out
+
+    @torch.no_grad()
+    def _keep_high_entropy(self, micro: list[Collated], frac: float) -> float:
+        """Narrow every micro-batch's loss mask to the ``frac`` highest-entropy completion tokens of
+        the *whole* batch (one no-grad policy pass; with several ranks the threshold is the quantile
+        of every rank's entropies, so the selection equals the single-process one); returns the
+        fraction of tokens kept."""
+        p = self.policy
+        ents = [p.logprobs_nograd(mb, entropy=True)[1] for mb in micro]
+        pool = torch.cat([e[mb.mask.bool()] for e, mb in zip(ents, micro)]).float().cpu()
+        if p.world_size > 1:
+            import torch.distributed as dist
+
+            parts: list = [None] * p.world_size
+            dist.all_gather_object(parts, pool)
+            pool = torch.cat(parts)
+        if pool.numel() == 0:
+            return 0.0
+        threshold = torch.quantile(pool, 1.0 - frac).to(ents[0].device)
+        for e, mb in zip(ents, micro):
+            mb.mask = mb.mask * (e >= threshold).to(mb.mask.dtype)
+        kept = self._sum_over_ranks([float(torch.stack([mb.mask.sum() for mb in micro]).sum())])[0]
+        return kept / float(pool.numel())
+
+    @staticmethod
+    def _diagnostics(acc: MetricAccumulator, logp, ent, mb: Collated, tokens: float) -> None:
+        """Entropy and the gap to the behaviour log-probs, as tensors (read at the step's end)."""
+        m = mb.mask.bool()
+        if ent is not None and tokens > 0:
+            acc.add_weighted("entropy", masked_mean(ent, m), tokens)
+        if mb.behaviour_logp is not None and any(mb.lengths):
+            v = mb.valid
+            nv = float(sum(mb.lengths))  # valid = the real completion tokens
+            diff = torch.where(v, (logp - mb.behaviour_logp).abs(), torch.zeros((), dtype=logp.dtype))
+            acc.add({"logprob_diff_behaviour_max": diff.max()}, nv)
+            acc.add_weighted("logprob_diff_behaviour_mean", diff.sum() / nv, nv)
+
+    def _full_grads(self) -> list[Optional[torch.Tensor]]:
+        """Gradients at the accumulation boundary, before clipping and the optimizer step (for the
+        grad-norm metric on ZeRO stage 0, where DeepSpeed does not record the norm)."""
+        from deepspeed.utils import safe_get_full_grad
+
+        return [safe_get_full_grad(p) for p in self.policy.trainable()]

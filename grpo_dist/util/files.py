@@ -1,0 +1,24 @@
+"""A directory tree as ``{relative path: bytes}``: how learner checkpoints and adapters travel
+between the learner ranks' nodes and the driver's output_dir."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def read_tree(root: str | os.PathLike) -> dict[str, bytes]:
+    """Every file under ``root``: relative POSIX path -> bytes."""
+    root = Path(root)
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def write_tree(root: str | os.PathLike, files: dict[str, bytes]) -> None:
+    """Write ``read_tree``'s mapping under ``root`` (refusing paths that leave it)."""
+    root = Path(root).resolve()
+    for rel, data in files.items():
+        out = (root / rel).resolve()
+        if root not in out.parents:
+            raise ValueError(f"refusing to write {rel!r} outside {root}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(data)
