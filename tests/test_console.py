@@ -124,7 +124,7 @@ def test_doctor_checks_and_one_user_cache_for_the_deepspeed_op(tmp_path):
     src = Path(os.environ.get("TORCH_EXTENSIONS_DIR", ROOT / ".cache" / "torch_extensions"))
     if not any(src.glob("deepspeed_shm_comm*/*.so")):
         pytest.skip(f"no compiled DeepSpeed op in {src} to copy")
-    shutil.copytree(src, cache)
+    shutil.copytree(src, cache, dirs_exist_ok=True)  # the failed check made the (empty) directory
     lib = next(cache.glob("deepspeed_shm_comm*/*.so"))
     mtime = lib.stat().st_mtime_ns
     for where in ("a", "b"):

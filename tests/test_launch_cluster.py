@@ -70,6 +70,7 @@ def test_default_head_listens_on_loopback_only_and_stops_exactly_its_processes(t
         r, took = stop(head)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "stopped" in r.stdout, r.stdout
+        print(f"stop_cluster.sh: {took:.1f} s: {r.stdout.strip()} {r.stderr.strip()}")
         assert took < 40, took
         assert not [pid for pid in pids if alive(pid)], {pid: n for pid, n in pids.items() if alive(pid)}
         assert alive(decoy.pid) and driver.poll() is None  # not the head's: left alone
@@ -135,9 +136,12 @@ def test_a_second_head_on_the_same_port_is_refused_and_block_mode_stops_on_sigte
     while not pid_file.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(1)
     assert pid_file.exists(), f"no pid file (exit {proc.poll()})"
+    t0 = time.monotonic()
     r = subprocess.run(["bash", "launch/start_head.sh", "--num-cpus", "1", *port_args(ports)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "still running" in r.stderr, r.stdout + r.stderr
+    print(f"second head on a live head's port: exit {r.returncode} in {time.monotonic() - t0:.1f} s: "
+          f"{r.stderr.strip().splitlines()[-1]}")
     out = subprocess.run([sys.executable, "launch/_procs.py", "list", str(pid_file)], cwd=ROOT, capture_output=True,
                          text=True).stdout
     pids = [int(ln.split()[0]) for ln in out.splitlines()]

@@ -9,6 +9,7 @@ auto, the driver joining an existing cluster).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -136,3 +137,15 @@ def test_train_as_ray_job(ray_head, pretrained_model_dir, tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 2 and (Path(summary["adapter_dir"]) / "adapter_config.json").is_file()
     assert "reward/length_bonus" in summary["final_metrics"]
+    # following the job as the README says: the token and RAY_AUTH_MODE=token (without it Ray's CLI fails)
+    job_id = re.search(r"Job '([^']+)' submitted successfully", out).group(1)
+    follow = dict(env, RAY_ADDRESS=url)
+    for cmd in (["status", job_id], ["logs", job_id]):
+        r = subprocess.run(["ray", "job", *cmd], env=dict(follow, RAY_AUTH_MODE="token"), capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        want = "succeeded" if cmd[0] == "status" else "=== grpo-dist summary ==="
+        assert want in (r.stdout + r.stderr).lower() if cmd[0] == "status" else want in r.stdout, \
+            r.stdout[-2000:] + r.stderr[-2000:]
+        r = subprocess.run(["ray", "job", *cmd], env=follow, capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0, r.stdout[-2000:]

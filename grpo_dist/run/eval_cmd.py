@@ -46,7 +46,7 @@ def run_eval(cfg: Config, adapter: str | None, out: str | None = None) -> dict[s
         rollout.kill()
         reward.kill()
         shutdown_ray()
-    path = Path(out) if out else Path(cfg.output_dir) / "eval_report.json"
+    path = (Path(out) if out else Path(cfg.output_dir) / "eval_report.json").absolute()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2, default=float))
     report["report_path"] = str(path)

@@ -35,7 +35,7 @@ def eval_table(report: dict[str, Any]) -> list[str]:
     label_w = max([len(label) for _, label in _rows(base)] + [11]) + 2
     head = f"{'':{label_w}s}{'base':>8s}" + (f"{'adapter':>10s}{'delta':>9s}" if adapter else "")
     where = (f"({base['num_prompts']} held-out prompts, {base['samples_per_prompt']} samples each, "
-             f"T={base['temperature']:g})")
+             f"T={float(base['temperature'])})")
     lines = [f"{head}      {where}"]
     for key, label in _rows(base):
         b = _get(base, key)
