@@ -252,7 +252,7 @@ def main() -> None:
     model_dir, work, names = sys.argv[1], sys.argv[2], sys.argv[3:]
     import vllm
 
-    from grpo_dist.env import setup_env
+    from grpo_dist.util.procenv import setup_env
 
     setup_env()
     print("PROBE version " + json.dumps({"vllm": vllm.__version__, "torch": torch.__version__}), flush=True)

@@ -39,7 +39,8 @@ def _int_or_auto(v, low: int):
 
 class ModelConfig(Section):
     path: str = Field("models/tiny-add", description="Model loaded by vLLM and the learner: a local HF model directory, "
-                      "or a hub id (Qwen/Qwen2.5-0.5B-Instruct) fetched into the HF cache unless HF_HUB_OFFLINE=1.")
+                      "or a hub id (Qwen/Qwen2.5-0.5B-Instruct) fetched into the HF cache unless HF_HUB_OFFLINE=1, or "
+                      "pkg:<name> (pkg:smollm2-135m-instruct) / a .gguf file, converted once into the project cache.")
     make_if_missing: Optional[TinyModelSpec] = Field(
         None, description="If set and model.path does not exist, generate a local tiny model there first.")
     dtype: Optional[Literal["float32", "bfloat16", "float16"]] = Field(

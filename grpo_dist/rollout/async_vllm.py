@@ -75,7 +75,7 @@ class AsyncVLLMGenerator:
                 self._inflight[version] -= 1
                 cond.notify_all()
             await self._drop_unused_adapters()
-        return [to_sample(c) for c in outs], version
+        return [to_sample(c, self.tokenizer) for c in outs], version
 
     async def _request(self, prompt_ids: list[int], params, lora) -> list:
         from vllm import TokensPrompt

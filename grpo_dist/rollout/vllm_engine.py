@@ -128,11 +128,14 @@ def sampling_params(spec: SamplingSpec, n: int, seed: int | None):
                           max_tokens=spec.max_tokens, stop=list(spec.stop) or None, logprobs=0, seed=seed)
 
 
-def to_sample(c) -> Sample:
-    """One vLLM ``CompletionOutput`` as a Sample (the sampled tokens' processed log-probs)."""
+def to_sample(c, tokenizer=None) -> Sample:
+    """One vLLM ``CompletionOutput`` as a Sample (the sampled tokens' processed log-probs). With
+    ``tokenizer`` the text is the decoding of exactly the sampled ids, as the hf backend's (vLLM's
+    own text drops a multi-byte character cut by max_tokens, and a stop string the ids still hold)."""
     ids = list(c.token_ids)
     lps = [float(step[tok].logprob) for step, tok in zip(c.logprobs or [], ids)]
-    return Sample(token_ids=ids, text=c.text, logprobs=lps, finish_reason="length" if c.finish_reason == "length" else "stop")
+    text = tokenizer.decode(ids, skip_special_tokens=True) if tokenizer is not None else c.text
+    return Sample(token_ids=ids, text=text, logprobs=lps, finish_reason="length" if c.finish_reason == "length" else "stop")
 
 
 class VLLMGenerator(Generator):
@@ -162,7 +165,7 @@ class VLLMGenerator(Generator):
             for ss in seeds:
                 per_prompt.append([o.outputs[0] for o in outs[i:i + len(ss)]])
                 i += len(ss)
-        return [[to_sample(c) for c in outputs] for outputs in per_prompt]
+        return [[to_sample(c, self.tokenizer) for c in outputs] for outputs in per_prompt]
 
     def set_adapter(self, version: int, path: str | None) -> None:
         from vllm.lora.request import LoRARequest

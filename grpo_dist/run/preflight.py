@@ -90,7 +90,7 @@ def check(cfg: Config, log_fn: Callable[[str], None] = print) -> Checked:
         else:
             out.evals = kept
     out.reward_columns = {name: sorted(cols) for name, (_, cols) in rewards.items()}
-    _CACHE[key] = out
+    _CACHE[key] = _CACHE[dump_config(cfg)] = out  # also as prepare_model left it (pkg: -> converted dir)
     return out
 
 
