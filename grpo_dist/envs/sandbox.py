@@ -26,7 +26,8 @@ environment and processes are out of sight, and only with namespaces; it has no 
 root, so a fork bomb is bounded only by the CPU limit per process, the PID namespace and the
 wall-clock kill; the working directory's total size is bounded per file (``file_mb``), not in
 sum; UDP is cut only by the network namespace. Without ``unshare`` there is no network cut
-other than Landlock's TCP rule, and ``/proc/<parent>/environ`` is readable.
+other than Landlock's TCP rule, ``/proc/<parent>/environ`` is readable, and a process the code
+starts in a new session outlives it.
 """
 
 from __future__ import annotations

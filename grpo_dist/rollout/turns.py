@@ -115,7 +115,7 @@ def run_trajectories(engine: Generator, records: list[Any], prompt_ids: list[lis
         texts = _generate(engine, active, spec, lim, max_model_len)
         answers = run(_step_all(active, texts, lim))
         still = []
-        for t, (cut, text), answer in zip(active, texts, answers):
+        for t, (cut, _, said), answer in zip(active, texts, answers):
             if isinstance(answer, EnvStep):
                 t.note(answer)
             t.stop_reason = _why_stop(t, cut, answer, lim)
@@ -130,7 +130,7 @@ def run_trajectories(engine: Generator, records: list[Any], prompt_ids: list[lis
                 else:
                     t.add(extra, None)
                     if t.messages is not None:
-                        t.messages += [{"role": "assistant", "content": text}] + msgs
+                        t.messages += [{"role": "assistant", "content": said}] + msgs
                     still.append(t)
         active = still
     run(_finish_all([t for g in groups for t in g], lim.tool_timeout_s))
@@ -185,8 +185,10 @@ def _turn_limit(t: Trajectory, spec: SamplingSpec, lim: EnvLimits, max_model_len
 
 
 def _generate(engine: Generator, active: list[Trajectory], spec: SamplingSpec, lim: EnvLimits,
-              max_model_len: int) -> list[tuple[str | None, str]]:
-    """One turn for every trajectory; returns (why the turn was cut or None, its text) each."""
+              max_model_len: int) -> list[tuple[str | None, str, str]]:
+    """One turn for every trajectory; returns, each: why the turn was cut (or None), its text for
+    the environment (special tokens skipped), its text as the conversation holds it (only the
+    end-of-turn token left out: what a faithful re-render of the history would put there)."""
     tok = engine.tokenizer
     batches: dict[tuple, list[int]] = {}
     for i, t in enumerate(active):
@@ -207,12 +209,12 @@ def _generate(engine: Generator, active: list[Trajectory], spec: SamplingSpec, l
                 cut = ("length" if m == spec.max_tokens else
                        "budget" if lim.max_total_tokens is not None and len(t.ids) >= lim.max_total_tokens
                        else "context")
-            out[i] = (cut, tok.decode(s.token_ids, skip_special_tokens=True))
+            out[i] = (cut, tok.decode(s.token_ids, skip_special_tokens=True), _said(tok, s.token_ids))
     return out
 
 
 async def _step_all(active: list[Trajectory], texts, lim: EnvLimits) -> list[Any]:
-    return await asyncio.gather(*(_step(t, text, lim) for t, (_, text) in zip(active, texts)))
+    return await asyncio.gather(*(_step(t, text, lim) for t, (_, text, _) in zip(active, texts)))
 
 
 async def _step(t: Trajectory, text: str, lim: EnvLimits) -> Any:
@@ -278,7 +280,7 @@ def _sanity(tok: Any, t: Trajectory) -> int:
         msgs = list(t.messages)
         if t.mask and t.mask[-1] == 1:  # the last turn, not followed by environment messages yet
             last = len(t.mask) - t.mask[::-1].index(0) if 0 in t.mask else 0
-            msgs.append({"role": "assistant", "content": tok.decode(t.ids[last:], skip_special_tokens=True)})
+            msgs.append({"role": "assistant", "content": _said(tok, t.ids[last:])})
         text = render(tok, msgs, tools=t.tools)
         ref = tok(text, add_special_tokens=False)["input_ids"]
     else:
@@ -289,6 +291,11 @@ def _sanity(tok: Any, t: Trajectory) -> int:
                    f"{len(built)}: built {tok.decode(built[at:at + 5])!r} vs re-rendered {tok.decode(ref[at:at + 5])!r} "
                    f"(the re-render would train on other tokens than the ones sampled)")
     return at
+
+
+def _said(tok: Any, ids: list[int]) -> str:
+    eos = getattr(tok, "eos_token_id", None)
+    return tok.decode(ids[:-1] if ids and ids[-1] == eos else ids)
 
 
 def _warn_once(key: str, msg: str) -> None:
