@@ -219,3 +219,35 @@ def test_smollm2_template_and_tokenizer():
     drift = sum(tok(tok.decode(s), add_special_tokens=False)["input_ids"] != s for s in seqs)
     print(f"\nSmolLM2 tokenizer: {drift}/200 random 32-token sequences re-tokenize differently after decode")
     assert drift > 100
+
+
+def test_preflight_stops_on_a_template_that_rewrites_earlier_turns(bpe_model_dir, tmp_path):
+    import shutil
+
+    from grpo_dist.config import ConfigError
+    from grpo_dist.run import preflight
+
+    bad = tmp_path / "bad"
+    shutil.copytree(bpe_model_dir, bad)
+    tok = make_bpe_tokenizer()
+    tok.chat_template = REASONING_STRIPPING
+    tok.save_pretrained(bad)
+    over = {"model": {"path": str(bad), "max_model_len": 512}, "lora": {"enabled": False},
+            "data": {"path": "builtin:word_problems?n=8", "eval_path": None},
+            "rollout": {"env": "calculator", "max_tokens": 16},
+            "reward": {"functions": [{"fn": "grpo_dist.envs.rewards:env_reward"}]}}
+    with pytest.raises(ConfigError, match=r"^rollout\.env: model\.path's tokenizer: the chat template is not "
+                                          r"prefix-preserving"):
+        preflight.check(load_config(None, over), log_fn=lambda *_: None)
+    over["model"]["path"] = str(bpe_model_dir)
+    preflight.check(load_config(None, over), log_fn=lambda *_: None)  # the same config, a ChatML template: fine
+    over["data"]["path"] = str(_jsonl(tmp_path, [{"prompt": "p", "env": "chess"}]))
+    over["rollout"]["env_column"] = "env"
+    with pytest.raises(ConfigError, match="rollout.env: column 'env' value 'chess': unknown environment 'chess'"):
+        preflight.check(load_config(None, over), log_fn=lambda *_: None)
+
+
+def _jsonl(tmp_path, rows):
+    p = tmp_path / "rows.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return p

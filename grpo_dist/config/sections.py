@@ -128,8 +128,11 @@ class RolloutConfig(Section):
                             "outstanding groups, each finished group to a reward actor at once, scored groups wait in a "
                             "bounded buffer (grpo_dist/rollout/stream.py). false: batches of prompts per engine.")
     env: str = Field("single_turn", description="The environment each trajectory talks to (grpo_dist/envs): "
-                     "single_turn (one completion per prompt), or 'module:Class' / 'file.py:Class' with reset(record) "
-                     "and step(completion) -> EnvStep; its messages are appended as tokens with loss mask 0.")
+                     "single_turn (one completion per prompt), a built-in (calculator, python_code, guess_number, "
+                     "tools), or 'module:Class' / 'file.py:Class' with reset(record) and step(completion) -> EnvStep "
+                     "(or a TRL-style class: reset(**row), public methods as tools, get_reward()); its messages are "
+                     "appended as tokens with loss mask 0. Batch pipeline: turns in lock step; rollout.streaming: "
+                     "each trajectory advances on its own.")
     env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment's "
                                        "constructor.")
     max_turns: int = Field(4, gt=0, description="Assistant turns per trajectory at most (multi-turn environments); "
@@ -165,9 +168,6 @@ class RolloutConfig(Section):
     def _streaming(self):
         if self.streaming and self.backend != "vllm":
             raise ValueError("rollout.streaming needs rollout.backend vllm (its async engine)")
-        if self.streaming and (self.env != "single_turn" or self.env_column):
-            raise ValueError("rollout.env: multi-turn environments run in the batch pipeline for now "
-                             "(set rollout.streaming false)")
         return self
 
 
