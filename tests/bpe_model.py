@@ -21,7 +21,7 @@ def corpus() -> list[str]:
     texts = [p.read_text(encoding="utf-8") for p in sorted(root.rglob("*.py"))]
     from grpo_dist.data import make_task
 
-    texts += [r.prompt for r in make_task("word_problems", 500, seed=0)]
+    texts += [r.prompt for r in make_task("tool_problems", 500, seed=0)]
     return texts
 
 

@@ -60,7 +60,7 @@ def test_built_ids_are_the_sampled_ones_and_a_re_render_drifts(bpe_model_dir):
         return out
 
     w.engine.generate = spy
-    recs = make_task("word_problems", 8, seed=3)
+    recs = make_task("tool_problems", 8, seed=3)
     rollouts = [r for g in w.generate(recs, keys=[(0, 1, i) for i in range(8)]) for r in g.rollouts]
     w.close()
     by_context: dict[tuple, list[list[int]]] = {}  # the G trajectories of a record share their first context
@@ -233,7 +233,7 @@ def test_preflight_stops_on_a_template_that_rewrites_earlier_turns(bpe_model_dir
     tok.chat_template = REASONING_STRIPPING
     tok.save_pretrained(bad)
     over = {"model": {"path": str(bad), "max_model_len": 512}, "lora": {"enabled": False},
-            "data": {"path": "builtin:word_problems?n=8", "eval_path": None},
+            "data": {"path": "builtin:tool_problems?n=8", "eval_path": None},
             "rollout": {"env": "calculator", "max_tokens": 16},
             "reward": {"functions": [{"fn": "grpo_dist.envs.rewards:env_reward"}]}}
     with pytest.raises(ConfigError, match=r"^rollout\.env: model\.path's tokenizer: the chat template is not "

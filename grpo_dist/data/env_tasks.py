@@ -1,6 +1,6 @@
 """Built-in tasks for the environments (grpo_dist/envs/builtin.py).
 
-* ``word_problems``: arithmetic word problems with two- and three-digit numbers (products,
+* ``tool_problems``: arithmetic word problems for tool use with two- and three-digit numbers (products,
   sums, change), answer an integer; the ``question`` column holds the problem text (the prompt is
   the same text), for the calculator and code-tool environments;
 * ``guess_number``: "I am thinking of a whole number from 1 to ``hi``", answer the number, for
@@ -54,7 +54,7 @@ def _problem(rng: random.Random) -> tuple[str, int]:
 
 
 class WordProblems(Task):
-    name = "word_problems"
+    name = "tool_problems"
 
     def __init__(self):
         self._cache: dict[tuple, tuple[list, list]] = {}

@@ -1,6 +1,6 @@
 """Built-in environments (``rollout.env: <name>``), for the built-in tasks of grpo_dist/data/env_tasks.py.
 
-* ``calculator``: arithmetic word problems (``builtin:word_problems``) with a ``calculator``
+* ``calculator``: arithmetic word problems (``builtin:tool_problems``) with a ``calculator``
   tool (a safe evaluator of + - * / // % ** and parentheses, no ``eval``); reward 1 for a final
   answer whose last number is the ``answer`` column;
 * ``python_code``: the same problems with a ``python`` tool that runs code in the sandbox
