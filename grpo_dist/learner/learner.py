@@ -33,10 +33,11 @@ from .loss import compute_loss
 from .optim import deepspeed_config, gradient_accumulation_steps, make_scheduler_factory
 from .reference import Reference
 from .state import MetricAccumulator, all_reduce_floats, global_norm
+from .weight_group import WeightBroadcast
 from .weights_io import WeightsIO
 
 
-class Learner(WeightsIO):
+class Learner(WeightsIO, WeightBroadcast):
     """DeepSpeed + PEFT GRPO learner (one data-parallel rank)."""
 
     def __init__(self, cfg: Config, rank: int = 0, world_size: int = 1, master_addr: str = "127.0.0.1",

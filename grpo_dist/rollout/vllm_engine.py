@@ -83,11 +83,13 @@ def engine_kwargs(model_path: str, *, dtype: str = "float32", max_model_len: int
                   enable_lora: bool = True, lora_rank: int = 8, max_loras: int = 1, seed: int = 0,
                   enforce_eager: bool = True, gpu_memory_utilization: float = 0.3,
                   cpu_kvcache_gb: int | None = None, trust_remote_code: bool = False,
-                  enable_sleep_mode: bool = False, max_cpu_loras: int | None = None) -> dict:
+                  enable_sleep_mode: bool = False, max_cpu_loras: int | None = None,
+                  worker_extension_cls: str | None = None, weight_transfer_config: dict | None = None) -> dict:
     """vLLM engine arguments (``LLM(**kw)`` or ``AsyncEngineArgs(**kw)``); sets the CPU build's
     KV-cache variable and, without LoRA, quiets the per-reload warnings. ``max_cpu_loras``:
     adapters kept loaded in host memory (default ``max_loras``); one evicted there is read again
-    from its directory."""
+    from its directory. ``worker_extension_cls`` / ``weight_transfer_config``: what
+    ``sync.transport: collective`` loads weights through (``rollout/weight_group.py``)."""
     import torch
 
     cpu_kvcache_space(cpu_kvcache_gb)  # read by the CPU build only
@@ -104,6 +106,10 @@ def engine_kwargs(model_path: str, *, dtype: str = "float32", max_model_len: int
     )
     if torch.cuda.is_available():
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    if worker_extension_cls:
+        kwargs["worker_extension_cls"] = worker_extension_cls
+    if weight_transfer_config:
+        kwargs["weight_transfer_config"] = weight_transfer_config
     if enable_sleep_mode:  # colocated on GPU (sleep/wake_up below); not in the CPU build
         kwargs["enable_sleep_mode"] = True
     if enable_lora:

@@ -20,3 +20,14 @@ def hang_next_generate(worker, seconds: float) -> None:
         return generate(*args, **kwargs)
 
     engine.generate = stalled
+
+
+def die_in_next_receive(worker) -> None:
+    """The worker's next weight receive (``sync.transport: collective``) ends its process the
+    moment it is called: learner rank 0 is then broadcasting to an engine that is gone."""
+    def dying(*args, **kwargs):
+        import os
+
+        os._exit(1)
+
+    worker.receive_weights = dying
