@@ -292,7 +292,19 @@ class LearnerConfig(Section):
 
 
 class SyncConfig(Section):
-    transport: Literal["object_store", "filesystem"] = Field("object_store", description="How adapter tensors travel to rollout workers.")
+    transport: Literal["object_store", "filesystem", "collective"] = Field(
+        "object_store", description="How the weights travel to the rollout engines. object_store / filesystem: the "
+        "learner's tensors as one payload, which each engine writes and reloads from its local disk. collective: "
+        "learner rank 0 broadcasts them in buckets over a process group of its own with every vLLM engine, which "
+        "loads them in place (gloo and a vLLM worker extension on CPU engines; vLLM's NCCL weight transfer on "
+        "GPUs); full weights, or LoRA adapters merged in the engine (rollout.adapter_mode merged).")
+    bucket_mb: float = Field(256, gt=0, description="sync.transport collective: the most MiB one broadcast carries "
+                           "(the learner's extra memory for a sync is at most one bucket; a larger tensor travels "
+                           "alone, in slices).")
+    timeout_s: float = Field(600.0, gt=0, description="sync.transport collective: the timeout of forming the weight "
+                             "group and of each of its collectives (an engine that died or hangs becomes an error, "
+                             "never a hang); it must exceed what an engine may still be generating when a push is "
+                             "issued (trainer.max_staleness >= 1).")
     tmp_dir: Optional[str] = Field(None, description="Where workers write adapter versions (default /dev/shm or tmp).")
     keep_versions: int = Field(2, gt=0, description="Adapter versions kept on each worker's disk.")
 

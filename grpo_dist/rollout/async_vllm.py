@@ -124,6 +124,23 @@ class AsyncVLLMGenerator:
                     self._draining = False
                     cond.notify_all()
 
+    async def reload_in_place(self, load) -> dict:
+        """Drain as :meth:`load_full_weights` does, ``await load()`` (it loads the weights in place
+        and answers ``{"version": ...}``), reset the prefix cache, serve that version."""
+        cond, lock = self._sync()
+        async with lock:
+            async with cond:
+                self._draining = True
+                try:
+                    await cond.wait_for(lambda: self.busy() == 0)
+                    out = await load()
+                    await self.llm.reset_prefix_cache()
+                    self.version = int(out["version"])
+                finally:
+                    self._draining = False
+                    cond.notify_all()
+        return out
+
     def close(self) -> None:
         try:
             self.llm.shutdown()

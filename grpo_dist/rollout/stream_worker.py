@@ -15,6 +15,7 @@ from typing import Any
 
 from grpo_dist.rollout.seeds import SeedKey
 from grpo_dist.rollout.turns_async import run_group_async
+from grpo_dist.rollout.weight_group import StreamingWeightGroupMember
 from grpo_dist.rollout.worker import RolloutWorker, generator_kwargs
 from grpo_dist.types import AdapterUpdate, RolloutGroup
 
@@ -26,7 +27,7 @@ def resident_versions(cfg) -> int:
     return max(cfg.rollout.max_loras, cfg.sync.keep_versions, int(cfg.trainer.max_staleness) + 2)
 
 
-class StreamingRolloutWorker(RolloutWorker):
+class StreamingRolloutWorker(StreamingWeightGroupMember, RolloutWorker):
     _lock: asyncio.Lock | None = None
 
     def _make_engine(self, seed: int):

@@ -82,14 +82,16 @@ def engine_kwargs(model_path: str, *, dtype: str = "float32", max_model_len: int
                   enforce_eager: bool = True, gpu_memory_utilization: float = 0.3,
                   cpu_kvcache_gb: int | None = None, trust_remote_code: bool = False,
                   enable_sleep_mode: bool = False, max_cpu_loras: int | None = None,
-                  max_num_batched_tokens: int | None = None, worker_extension_cls: str | None = None) -> dict:
+                  max_num_batched_tokens: int | None = None, worker_extension_cls: str | None = None,
+                  weight_transfer_config: dict | None = None) -> dict:
     """vLLM engine arguments (``LLM(**kw)`` or ``AsyncEngineArgs(**kw)``); sets the CPU build's
     KV-cache variable and, without LoRA, quiets the per-reload warnings. ``max_cpu_loras``:
     adapters kept loaded in host memory (default ``max_loras``); one evicted there is read again
     from its directory. ``max_num_batched_tokens``: the prefill budget per step (None: vLLM's);
     CPU engines run without chunked prefill (``vllm_compat.cpu_prefill_kwargs``), so there it is
-    at least ``max_model_len``. ``worker_extension_cls``: the qualified name of a class vLLM mixes
-    into its worker class, whose methods ``collective_rpc`` calls by name (NOTES.md)."""
+    at least ``max_model_len``. ``worker_extension_cls`` / ``weight_transfer_config``: what
+    ``sync.transport: collective`` loads weights through (``rollout/weight_group.py``): a class
+    vLLM mixes into its worker, whose methods ``collective_rpc`` calls by name."""
     import torch
 
     vllm_compat.check_supported()
@@ -113,6 +115,8 @@ def engine_kwargs(model_path: str, *, dtype: str = "float32", max_model_len: int
         kwargs.update(vllm_compat.cpu_prefill_kwargs(max_model_len, max_num_batched_tokens))
     if worker_extension_cls:
         kwargs["worker_extension_cls"] = worker_extension_cls
+    if weight_transfer_config:
+        kwargs["weight_transfer_config"] = weight_transfer_config
     if enable_sleep_mode:  # colocated on GPU (sleep/wake_up below); not in the CPU build
         kwargs["enable_sleep_mode"] = True
     if enable_lora:

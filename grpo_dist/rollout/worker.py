@@ -16,6 +16,7 @@ from grpo_dist.rollout.base import Generator, SamplingSpec
 from grpo_dist.envs.registry import EnvSource
 from grpo_dist.rollout.seeds import SeedKey, sample_seeds
 from grpo_dist.rollout.turns import run_trajectories
+from grpo_dist.rollout.weight_group import WeightGroupMember, weight_group_engine_kwargs
 from grpo_dist.sync import AdapterStore, make_transport
 from grpo_dist.sync.merge import LoraMerger, read_adapter_dir
 from grpo_dist.types import AdapterUpdate, Rollout, RolloutGroup
@@ -29,7 +30,8 @@ def generator_kwargs(cfg: Config, seed: int) -> dict[str, Any]:
                 enable_lora=adapter_mode(cfg)[0] == "lora", lora_rank=cfg.lora.r, max_loras=cfg.rollout.max_loras,
                 enforce_eager=cfg.rollout.enforce_eager, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                 cpu_kvcache_gb=cfg.rollout.cpu_kvcache_gb, enable_sleep_mode=sleeps_while_learning(cfg),
-                dtype=cfg.rollout.dtype or cfg.model.dtype, seed=seed, trust_remote_code=cfg.model.trust_remote_code)
+                dtype=cfg.rollout.dtype or cfg.model.dtype, seed=seed, trust_remote_code=cfg.model.trust_remote_code,
+                **weight_group_engine_kwargs(cfg))
 
 
 def make_generator(cfg: Config, seed: int) -> Generator:
@@ -46,7 +48,7 @@ def make_generator(cfg: Config, seed: int) -> Generator:
                        trust_remote_code=cfg.model.trust_remote_code)
 
 
-class RolloutWorker:
+class RolloutWorker(WeightGroupMember):
     def __init__(self, cfg: Config, rank: int = 0):
         self.cfg = cfg
         self.rank = rank

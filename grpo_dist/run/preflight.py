@@ -101,8 +101,10 @@ def check(cfg: Config, log_fn: Callable[[str], None] = print) -> Checked:
 def _cache_key(cfg: Config) -> str:
     """What the checks depend on: not the run's identity (``trainer.run_id``, the absolute
     ``output_dir`` the run resolves), so the CLI's check and the run's start share one result."""
-    c = cfg.model_copy(deep=True)
-    c.trainer.run_id, c.output_dir, c.checkpoint.dir = None, "", None
+    # model_copy(update=...) does not validate: an assignment would (full weights with a shared_dir
+    # need output_dir inside it, and output_dir is blanked here)
+    c = cfg.model_copy(deep=True, update={"output_dir": "", "trainer": cfg.trainer.model_copy(update={"run_id": None}),
+                                          "checkpoint": cfg.checkpoint.model_copy(update={"dir": None})})
     return dump_config(c)
 
 
