@@ -16,7 +16,7 @@ from grpo_dist.batch import build_batch
 from grpo_dist.config import load_config
 from grpo_dist.data import make_task
 from grpo_dist.envs.rewards import env_reward
-from grpo_dist.learner.testing import make_learner, small_config
+from grpo_dist.testing.learner import make_learner, small_config
 from grpo_dist.rollout.worker import RolloutWorker
 from grpo_dist.types import RewardResult
 
