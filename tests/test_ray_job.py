@@ -1,7 +1,7 @@
 """A training run submitted as a Ray job to a separately started head (`launch/` scripts).
 
-The head is started by `launch/start_head.sh ... --block` in its own process group (token
-authentication on, a token file of the test's own) and stopped by that handle only. The HF rollout backend keeps it quick: vLLM on the real stack is
+The head is started by `launch/start_head.sh` as a user starts it (token authentication on, a
+token file of the test's own) and stopped by `launch/stop_cluster.sh`. The HF rollout backend keeps it quick: vLLM on the real stack is
 covered by test_e2e.py; this test is about the job path (working_dir shipping, cluster.address
 auto, the driver joining an existing cluster).
 """
@@ -9,9 +9,6 @@ auto, the driver joining an existing cluster).
 from __future__ import annotations
 
 import json
-import os
-import re
-import signal
 import subprocess
 import sys
 import time
@@ -21,31 +18,20 @@ from pathlib import Path
 
 import pytest
 
-from grpo_dist.util.ports import free_port
+from cluster_scripts import ROOT, start_head, stop
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def ray_head(tmp_path_factory):
-    """A head started by launch/start_head.sh (token authentication on, bound to 127.0.0.1), with
-    a token file of its own (never ~/.ray/auth_token: other Ray users of this machine)."""
+    """A head started by launch/start_head.sh as the README says (token authentication on, on
+    127.0.0.1, in a user's environment: tests/cluster_scripts.py), with a token file of its own
+    (never ~/.ray/auth_token: other Ray users of this machine); stopped by launch/stop_cluster.sh."""
     tmp_path = tmp_path_factory.mktemp("head")
-    venv_bin = str(Path(sys.executable).parent)
     token_file = tmp_path / "secret" / "auth_token"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-    env.update(PATH=f"{venv_bin}:{os.environ.get('PATH', '')}", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
-               RAY_AUTH_TOKEN_PATH=str(token_file), HOME=str(tmp_path / "home"))
-    port, dash = free_port(), free_port()
-    log_path = tmp_path / "head.log"
-    proc = subprocess.Popen(
-        ["bash", "launch/start_head.sh", "--num-cpus", "2", "--include-dashboard", "true", "--block",
-         # fixed defaults (52365, 10001) collide with other heads on a shared machine
-         "--dashboard-agent-listen-port", str(free_port()), "--ray-client-server-port", str(free_port())],
-        env=dict(env, RAY_PORT=str(port), RAY_DASHBOARD_PORT=str(dash)), stdout=open(log_path, "w"),
-        stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
-    url = f"http://127.0.0.1:{dash}"
+    head = start_head(tmp_path / "home", "--include-dashboard", "true", RAY_AUTH_TOKEN_PATH=str(token_file))
+    url = head.url
     deadline = time.time() + 120
     while time.time() < deadline:
         try:
@@ -53,35 +39,15 @@ def ray_head(tmp_path_factory):
             pytest.fail("the job server answered a request without the token")
         except urllib.error.HTTPError as e:  # up, and refusing: 401 without a token
             assert e.code == 401, e
-            if "Ray runtime started" in log_path.read_text():  # raylet and agents up too
-                break
-            time.sleep(1)
+            break
         except OSError:
-            if proc.poll() is not None:
-                pytest.fail(f"ray head exited: {log_path.read_text()[-2000:]}")
             time.sleep(1)
     else:
         pytest.fail("ray head's job server did not come up in 120 s")
-    yield {"env": env, "url": url, "token_file": token_file, "log": log_path, "pgid": proc.pid, "port": port,
-           "dash": dash}
-    os.killpg(proc.pid, signal.SIGTERM)  # the head we started, and only it
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-
-
-def _listening(pgid: int) -> list[tuple[str, str]]:
-    """(local address, process) of every TCP socket listening in process group ``pgid``."""
-    pids = {int(p) for p, g in (ln.split() for ln in subprocess.run(
-        ["ps", "-eo", "pid=,pgid="], capture_output=True, text=True).stdout.splitlines()) if int(g) == pgid}
-    out = []
-    for ln in subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines():
-        m = re.search(r'\("([^"]+)",pid=(\d+)', ln)
-        if m and int(m.group(2)) in pids:
-            out.append((ln.split()[3], m.group(1)))
-    return out
+    yield {"env": dict(head.env), "url": url, "token_file": token_file, "out": head.out, "head": head,
+           "port": head.ports["gcs"], "dash": head.ports["dashboard"]}
+    r, _ = stop(head)  # the head we started, and only it
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_head_is_secure_by_default(ray_head):
@@ -89,14 +55,14 @@ def test_head_is_secure_by_default(ray_head):
     token_file, env = ray_head["token_file"], ray_head["env"]
     token = token_file.read_text().strip()
     assert len(token) == 64 and oct(token_file.stat().st_mode & 0o777) == "0o600"
-    log = ray_head["log"].read_text()
+    log = ray_head["out"]
     assert token not in log and f"token from {token_file}" in log and "launch/start_worker.sh 127.0.0.1:" in log
-    listening = _listening(ray_head["pgid"])
-    names = {p for _, p in listening}
+    listening = ray_head["head"].listening()  # every process of the head (test_launch_cluster.py: in detail)
+    names = {n for _, _, n in listening}
     assert {"gcs_server", "raylet"} <= names, listening
-    hosts = {addr.rsplit(":", 1)[0] for addr, _ in listening}
-    assert hosts <= {"127.0.0.1", "[::ffff:127.0.0.1]"}, listening  # not 0.0.0.0 / *, not the public IP
-    assert f"127.0.0.1:{ray_head['dash']}" in {a for a, _ in listening}
+    hosts = {host for host, _, _ in listening}
+    assert hosts <= {"127.0.0.1", "::ffff:127.0.0.1"}, listening  # not 0.0.0.0 / *, not the public IP
+    assert ("127.0.0.1", ray_head["dash"]) in {(h, p) for h, p, _ in listening}
     # the job server refuses a wrong token; a submit without the token is refused
     req = urllib.request.Request(f"{ray_head['url']}/api/jobs/", headers={"Authorization": "Bearer " + "0" * 64})
     with pytest.raises(urllib.error.HTTPError) as e:
@@ -111,29 +77,62 @@ def test_head_is_secure_by_default(ray_head):
     assert r.returncode != 0 and "pwned" not in r.stdout and "Authentication" in r.stdout + r.stderr, r.stdout[-2000:]
     # the GCS refuses a client without the token too
     r = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address='127.0.0.1:{ray_head['port']}')"],
-                       capture_output=True, text=True, timeout=120, env=dict(no_token, RAY_AUTH_MODE="token"))
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(no_token, RAY_AUTH_MODE="token", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0"))
     assert r.returncode != 0 and "token" in r.stderr.lower(), r.stderr[-2000:]
 
 
+REWARD = """import json, os
+
+def length_bonus(prompts, completions, **kw):
+    with open({listing!r}, "w") as f:  # what the job's working dir holds, seen from the reward actor
+        json.dump(sorted(os.listdir(".")), f)
+    return [min(len(c), 4) / 4 for c in completions]
+"""
+
+
 def test_train_as_ray_job(ray_head, pretrained_model_dir, tmp_path):
+    """From a user's own directory: a relative model.path (read there, not regenerated in Ray's
+    copy), a plug-in reward file (shipped), logs and a token file beside them (not shipped)."""
     env, url = ray_head["env"], ray_head["url"]
     wandb_key = "0123456789abcdef" * 2 + "01234567"  # a planted key: reaches the job, never printed
-    out = tmp_path / "job_run"
+    proj = tmp_path / "proj"
+    (proj / "models").mkdir(parents=True)
+    (proj / "models" / "base").symlink_to(pretrained_model_dir)
+    (proj / "my.yaml").write_text((ROOT / "configs" / "tiny_cpu.yaml").read_text())
+    listing = tmp_path / "working_dir.json"
+    (proj / "my_reward.py").write_text(REWARD.format(listing=str(listing)))
+    (proj / "train.log").write_text("a log that must stay here\n")
+    (proj / "auth_token").write_text("f" * 64)
+    (proj / "runs").mkdir()
     r = subprocess.run(
-        ["bash", "launch/submit_job.sh", "configs/tiny_cpu.yaml", "--rollout.backend", "hf",
+        ["bash", str(ROOT / "launch" / "submit_job.sh"), "my.yaml", "--rollout.backend", "hf",
          "--rollout.num_workers", "1", "--rollout.prompts_per_step", "4", "--trainer.steps", "2",
-         "--model.path", str(pretrained_model_dir), "--output_dir", str(out), "--data.eval_size", "8",
+         "--model.path", "models/base", "--output_dir", "runs/job", "--data.eval_size", "8",
+         "--reward.functions", '[{fn: correctness}, {fn: "my_reward.py:length_bonus", weight: 0.1}]',
          "--eval.samples_per_prompt", "2", "--eval.pass_k", "[1]", "--checkpoint.every", "0"],
-        cwd=ROOT, env=dict(env, RAY_ADDRESS=url, WANDB_API_KEY=wandb_key), capture_output=True, text=True,
+        cwd=proj, env=dict(env, RAY_ADDRESS=url, WANDB_API_KEY=wandb_key), capture_output=True, text=True,
         timeout=600)
+    out = r.stdout + r.stderr
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "succeeded" in r.stdout + r.stderr
+    assert "succeeded" in out
     token = ray_head["token_file"].read_text().strip()
-    assert token not in r.stdout + r.stderr and wandb_key not in r.stdout + r.stderr
-    # both reached the job through its environment (the job record, read with the token)
+    assert token not in out and wandb_key not in out
+    # what travelled: printed, and seen from inside the job; nothing else of proj
+    upload = out[out.index("uploading to the job"):out.index("in all")]
+    assert "grpo_dist/" in upload and "my.yaml" in upload and "my_reward.py" in upload, upload
+    assert "train.log" not in upload and "auth_token" not in upload and "models" not in upload, upload
+    assert set(json.loads(listing.read_text())) - {"__pycache__"} == {"grpo_dist", "my.yaml", "my_reward.py"}
+    # the model was read where it is, once (tiny_cpu.yaml's make_if_missing would regenerate a missing one)
+    run_dir = proj / "runs" / "job"
+    resolved = (run_dir / "config.yaml").read_text()
+    assert f"path: {proj / 'models' / 'base'}" in resolved, resolved[:800]
+    assert "generating a local" not in out
+    # both secrets reached the job through its environment (the job record, read with the token)
     req = urllib.request.Request(f"{url}/api/jobs/", headers={"Authorization": f"Bearer {token}"})
     jobs = json.loads(urllib.request.urlopen(req, timeout=30).read())
     env_vars = jobs[-1]["runtime_env"]["env_vars"]
     assert env_vars["WANDB_API_KEY"] == wandb_key and env_vars["RAY_AUTH_TOKEN"] == token
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 2 and (Path(summary["adapter_dir"]) / "adapter_config.json").is_file()
+    assert "reward/length_bonus" in summary["final_metrics"]

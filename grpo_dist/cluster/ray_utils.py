@@ -56,7 +56,16 @@ def init_ray(cfg: Config) -> dict[str, Any]:
         from grpo_dist.cluster.reaper import start_reaper
 
         start_reaper()  # a driver killed with SIGKILL leaves no process of this cluster behind
+    from grpo_dist.cluster.worker_logs import route
+
+    route(None if cfg.logging.verbose else worker_log_path(cfg))  # quiet: the actors' output in a file
     return ray.cluster_resources()
+
+
+def worker_log_path(cfg: Config):
+    from pathlib import Path
+
+    return Path(cfg.output_dir) / "workers.log"
 
 
 def alive_nodes() -> int:
@@ -180,5 +189,8 @@ def _name(rank: Optional[int]) -> str:
 
 
 def shutdown_ray() -> None:
+    from grpo_dist.cluster.worker_logs import unroute
+
+    unroute()
     if ray.is_initialized():
         ray.shutdown()

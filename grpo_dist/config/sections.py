@@ -362,6 +362,9 @@ class LoggingConfig(Section):
     sample_table_every: int = Field(5, ge=0, description="Log a table of sample completions every k steps (0 = never).")
     sample_table_rows: int = Field(8, gt=0, description="Rows in that table.")
     progress: bool = Field(True, description="Show a rich progress bar.")
+    verbose: bool = Field(False, description="Print what the actors print (vLLM, Ray, DeepSpeed warnings, progress "
+                          "bars) on the console; by default it goes to <output_dir>/workers.log "
+                          "(grpo-dist train --verbose).")
 
 
 class CheckpointConfig(Section):

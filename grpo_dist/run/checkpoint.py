@@ -12,6 +12,7 @@ sample). So a resumed run repeats an uninterrupted one's steps exactly, dropout 
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 from pathlib import Path
@@ -77,11 +78,28 @@ def save_final(cfg: Config, learner_group, out: Path) -> Path:
     lg = learner_group
     if _direct(cfg):
         lg.get(lg.call("save_adapter", str(out)))
-        return out
-    files = lg.get(lg.call("adapter_files"))[0]
-    shutil.rmtree(out, ignore_errors=True)
-    write_tree(out, files)
+    else:
+        files = lg.get(lg.call("adapter_files"))[0]
+        shutil.rmtree(out, ignore_errors=True)
+        write_tree(out, files)
+    set_base_model(out, cfg.model.path)
     return out
+
+
+def set_base_model(adapter_dir: Path, model_path: str) -> None:
+    """The adapter's ``base_model_name_or_path``: the hub id, or the model directory as an absolute
+    path (PeftModel.from_pretrained and vLLM find the base from any directory, not only from the
+    one the run started in)."""
+    from grpo_dist.hub import is_hub_id
+
+    f = Path(adapter_dir) / "adapter_config.json"
+    if not f.is_file():  # full weights: no adapter
+        return
+    base = model_path if is_hub_id(model_path) else os.path.abspath(os.path.expanduser(model_path))
+    conf = json.loads(f.read_text())
+    if conf.get("base_model_name_or_path") != base:
+        conf["base_model_name_or_path"] = base
+        f.write_text(json.dumps(conf, indent=2, sort_keys=True))
 
 
 def load_into_learners(cfg: Config, learner_group, path: Path) -> None:

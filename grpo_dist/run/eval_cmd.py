@@ -1,10 +1,12 @@
 """``grpo-dist eval``: the base model and (optionally) an adapter on held-out prompts, through the
-same vLLM rollout workers and reward workers training uses. Writes a JSON report and a W&B table.
+same vLLM rollout workers and reward workers training uses. Writes a JSON report and a W&B table;
+the CLI prints the base / adapter / delta table (``eval_table.py``).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ from grpo_dist.config import Config, ConfigError
 
 def run_eval(cfg: Config, adapter: str | None, out: str | None = None) -> dict[str, Any]:
     from grpo_dist.run.workers import create_generators
-    from grpo_dist.cluster.ray_utils import init_ray, shutdown_ray
+    from grpo_dist.cluster.ray_utils import init_ray, shutdown_ray, worker_log_path
     from grpo_dist.run.evaluation import eval_metrics, evaluate
     from grpo_dist.run.preflight import prepared_data
 
@@ -22,13 +24,19 @@ def run_eval(cfg: Config, adapter: str | None, out: str | None = None) -> dict[s
         raise ConfigError("data.eval_path: evaluation needs held-out prompts")
     init_ray(cfg)
     c = cfg.cluster
+    t0 = time.perf_counter()
+    print(f"starting {cfg.rollout.num_workers} {cfg.rollout.backend} engine(s) on {cfg.model.path}"
+          + ("" if cfg.logging.verbose else f" (their logs: {worker_log_path(cfg)})") + " ...", flush=True)
     rollout, reward = create_generators(cfg)
     try:
         rollout.get(rollout.call("setup"), timeout=c.actor_start_timeout_s)
         reward.get(reward.call("names"), timeout=c.actor_start_timeout_s)
+        print(f"engines ready in {time.perf_counter() - t0:.0f} s; evaluating the base model on {len(records)} "
+              f"held-out prompts ...", flush=True)
         report: dict[str, Any] = {"model": cfg.model.path, "adapter": adapter, "eval_path": cfg.data.eval_path,
                                   "base": evaluate(cfg, rollout, reward, records, with_samples=8)}
         if adapter:
+            print(f"evaluating the adapter {adapter} ...", flush=True)
             rollout.get(rollout.call("load_adapter_dir", str(Path(adapter).resolve()), 1))
             report["adapter_eval"] = evaluate(cfg, rollout, reward, records, with_samples=8)
             base = eval_metrics(report["base"])
@@ -51,6 +59,8 @@ def _log_wandb(cfg: Config, report: dict[str, Any], eval_metrics) -> None:
         return
     from grpo_dist.run.monitor import WandbMonitor
 
+    cfg = cfg.model_copy(deep=True)
+    cfg.trainer.run_id = None  # a W&B run of its own, never a segment of the training run it evaluates
     wb = WandbMonitor.from_config(cfg, default_name="eval", config={"eval": report["adapter"]})
     rows = []
     for which in ("base", "adapter_eval"):

@@ -90,11 +90,13 @@ def mean_timing(history: list[dict[str, float]]) -> dict[str, float]:
 
 
 def write_summary(out: Path, steps: int, wall: float, adapter_dir, wandb_dir, metrics: dict, history: list[dict],
-                  before: dict | None, after: dict | None, reward_failures: dict | None = None) -> dict[str, Any]:
-    """``<out>/summary.json``: the whole run (``history`` from step 1, also after a resume);
-    ``reward_failures``: per reward function, completions scored and failed over the whole run."""
+                  before: dict | None, after: dict | None, reward_failures: dict | None = None,
+                  extra: dict | None = None) -> dict[str, Any]:
+    """``<out>/summary.json``: the whole run (``history`` from step 1, ``wall`` over every segment,
+    also after a resume); ``reward_failures``: per reward function, completions scored and failed
+    over the whole run; ``extra``: more top-level keys."""
     summary: dict[str, Any] = {"steps": steps, "wall_seconds": wall, "adapter_dir": str(adapter_dir),
-                               "wandb_dir": wandb_dir, "final_metrics": metrics,
+                               "wandb_dir": wandb_dir, **(extra or {}), "final_metrics": metrics,
                                "reward_curve": [h.get("rollout/reward_mean") for h in history],
                                "mean_timing": mean_timing(history)}
     if reward_failures is not None:

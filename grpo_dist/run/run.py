@@ -27,6 +27,8 @@ from grpo_dist.rollout.manager import RolloutManager
 from grpo_dist.run import checkpoint, preflight
 from grpo_dist.run.evaluation import eval_metrics, evaluate
 from grpo_dist.run.monitor import Monitor, StepTimer, non_finite
+from grpo_dist.run.monitor.wandb_logger import wandb_segments
+from grpo_dist.run.inputs import resolve_inputs
 from grpo_dist.run.outputs import resolve_outputs, resume_command, resume_hint, write_run_files, write_summary
 from grpo_dist.run.prepare import make_monitor
 from grpo_dist.run.workers import Workers, start_workers
@@ -47,7 +49,7 @@ class Run:
     logger, a profiler or a test's recorder)."""
 
     def __init__(self, cfg: Config, monitor: Monitor | None = None, callbacks: tuple = ()):
-        self.cfg = cfg = resolve_outputs(cfg, write=False)  # absolute output_dir, run id, the resume checked
+        self.cfg = cfg = resolve_outputs(resolve_inputs(cfg), write=False)  # absolute paths, run id, the resume checked
         self.out = Path(cfg.output_dir)
         self.monitor, self.callbacks = monitor, list(callbacks)
         self.sleeps = sleeps_while_learning(cfg)  # colocated on GPU: engines sleep while the learner trains
@@ -57,8 +59,10 @@ class Run:
         self.before: dict | None = None  # evaluation before training (kept across resume)
         self.info: dict[str, Any] = {}
         self._t0 = time.perf_counter()
+        self._wall_before, self._segments = 0.0, 1  # earlier segments of a resumed run (their checkpointed time)
         self._resume_point: dict | None = None  # the prompt stream before the current step's prompts
         self.stop_requested: str | None = None  # a signal's name: stop after the current step
+        self._saved_step = -1  # the step of the last checkpoint written
         self._watch_point: dict = {}  # the reward failure counts up to the last finished step
 
     # ------------------------------------------------------------------------------- start
@@ -91,6 +95,8 @@ class Run:
                 print(f"resumed from step {self.step} ({path})", flush=True)
                 self.history = list(state.get("history", []))
                 self.before = state.get("eval_before")
+                self._wall_before = float(state.get("wall_seconds", 0.0))
+                self._segments = int(state.get("segments", 1)) + 1
                 self.rollouts.watch.load_state_dict(state.get("reward_watch", {}))  # the whole run's failure counts
             self.sync.restore()  # the engines serve the restored weights
         self._resume_point = self.rollouts.data_state()
@@ -117,7 +123,9 @@ class Run:
                 f"cluster   {where}, layout {c.cluster.layout}",
                 f"starting  {r.num_workers} {r.backend} rollout engine(s), {c.reward.num_workers} reward actor(s), "
                 f"{c.learner.num_learners} learner rank(s); {c.trainer.steps} steps of "
-                f"{r.prompts_per_step} prompts x {r.group_size}"]
+                f"{r.prompts_per_step} prompts x {r.group_size}",
+                f"logs      {self.out / 'workers.log'} (what the actors print: vLLM, Ray, DeepSpeed)" if not
+                c.logging.verbose else "logs      on the console (--verbose)"]
 
     # ------------------------------------------------------------------------------- steps
     @contextlib.contextmanager
@@ -189,14 +197,17 @@ class Run:
         cfg = self.cfg
         self.sync.settle(block=True)
         after = self.evaluate("after training") if self.before is not None else None
-        self.save(self._resume_point)
+        if self._saved_step != self.step:  # the last step's checkpoint may be written already
+            self.save(self._resume_point)
         adapter_dir = checkpoint.save_final(cfg, self.workers.learner, self.out / "adapter")
         metrics = self.history[-1] if self.history else {}
         metrics = {k: v for k, v in metrics.items() if k != "step"}
         watch = self.rollouts.watch
-        summary = write_summary(self.out, self.step, time.perf_counter() - self._t0, adapter_dir,
+        summary = write_summary(self.out, self.step, self.wall_seconds(), adapter_dir,
                                 getattr(self.monitor, "wandb_dir", None), metrics, self.history, self.before, after,
-                                reward_failures=watch.report())
+                                reward_failures=watch.report(),
+                                extra={"wall_seconds_this_segment": time.perf_counter() - self._t0,
+                                       "segments": self._segments, **wandb_segments(cfg)})
         self.monitor.summary({k: v for k, v in summary.items() if not isinstance(v, dict)})
         try:  # no run succeeds in which a reward function failed past reward.max_failure_rate
             watch.check_run()
@@ -208,9 +219,15 @@ class Run:
     def save(self, data_state: dict | None) -> Path:
         path = checkpoint.save(self.cfg, self.workers, self.step, data_state or self.rollouts.data_state(),
                                {"history": self.history, "eval_before": self.before,
-                                "reward_watch": self._watch_point})
+                                "reward_watch": self._watch_point,
+                                "wall_seconds": self.wall_seconds(), "segments": self._segments})
         print(f"checkpoint saved: {path}", flush=True)
+        self._saved_step = self.step
         return path
+
+    def wall_seconds(self) -> float:
+        """The run's wall time: this segment's, plus the earlier segments' up to their last checkpoint."""
+        return self._wall_before + time.perf_counter() - self._t0
 
     def evaluate(self, when: str | None = None) -> dict[str, Any]:
         """The held-out evaluation of the weights the engines serve; ``when`` says so on the console."""

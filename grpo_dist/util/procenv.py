@@ -8,13 +8,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-PROJECT_CACHE = Path(os.environ.get("GRPO_DIST_CACHE", Path.cwd() / ".cache"))
+# One user-level cache, the same from every directory (a cache under the current directory made a
+# run from elsewhere compile DeepSpeed's op again): GRPO_DIST_CACHE, else $XDG_CACHE_HOME/grpo_dist,
+# else ~/.cache/grpo_dist.
+PROJECT_CACHE = Path(os.environ.get("GRPO_DIST_CACHE")
+                     or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "grpo_dist")
 
 
 def setup_env() -> dict[str, str]:
     """Set the defaults this project relies on; return the ones that should travel to Ray workers."""
     defaults = {
-        # DeepSpeed compiles its CPU ops once into the project's cache, not ~/.cache.
+        # DeepSpeed compiles its CPU ops once per user (PROJECT_CACHE), whatever the current directory.
         "TORCH_EXTENSIONS_DIR": str(PROJECT_CACHE / "torch_extensions"),
         "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
         "TOKENIZERS_PARALLELISM": "false",

@@ -59,3 +59,19 @@ class WandbMonitor(Monitor):
 
     def close(self) -> None:
         self.run.finish()
+
+
+def wandb_segments(cfg) -> dict[str, Any]:
+    """The W&B directories of this run id under ``<output_dir>/wandb`` (one per segment: W&B
+    offline starts a new directory each time a resumed run starts), oldest first, and, offline, the
+    one command that uploads them all (`wandb sync` of several directories of one run id uploads
+    them in order of start time: wandb 0.31)."""
+    if cfg.logging.wandb_mode == "disabled" or not cfg.trainer.run_id:
+        return {}
+    root = Path(cfg.output_dir) / "wandb"
+    dirs = sorted((p for p in root.glob(f"*run-*-{cfg.trainer.run_id}") if p.is_dir()),
+                  key=lambda p: p.name.split("run-", 1)[1])  # by start time ("offline-run-" or "run-" + time)
+    out: dict[str, Any] = {"wandb_dirs": [str(p) for p in dirs]}
+    if cfg.logging.wandb_mode == "offline" and dirs:
+        out["wandb_sync"] = "wandb sync " + " ".join(str(p) for p in dirs)
+    return out

@@ -1,0 +1,242 @@
+"""``grpo-dist doctor``: is this machine ready to train? One PASS/FAIL line per check:
+
+  versions       the stack imports, with its versions
+  cpu            the CPU and its vector extensions (vLLM's CPU build needs AVX2 or AVX-512 on x86)
+  gpus           the GPUs torch sees (none is fine: everything runs on CPU)
+  deepspeed op   DeepSpeed's CPU communication op is compiled (in TORCH_EXTENSIONS_DIR) and loads;
+                 ``--warmup`` compiles it when missing (~45 s, once per user: the cache is
+                 user-level, the same from every directory)
+  ray            a local Ray cluster starts and runs a task
+  vllm           a vLLM engine builds on a generated tiny model and generates
+
+The heavy checks run in child processes whose output goes to a log file (printed at the end), so
+the console shows the result lines only; the exit code is 0 when every check passed, else 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+MARK = "@@grpo_dist_doctor@@"
+STACK = ("torch", "transformers", "peft", "deepspeed", "ray", "vllm", "wandb")
+X86_EXTENSIONS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+
+
+@dataclass
+class Result:
+    name: str
+    ok: bool
+    detail: str
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        took = f" ({self.seconds:.1f} s)" if self.seconds >= 0.1 else ""
+        return f"{'PASS' if self.ok else 'FAIL'}  {self.name:13s} {self.detail}{took}"
+
+
+def check_versions() -> Result:
+    import importlib
+
+    found, broken = [], []
+    for mod in STACK:
+        try:
+            found.append(f"{mod} {getattr(importlib.import_module(mod), '__version__', '?')}")
+        except Exception as e:  # noqa: BLE001 - any import problem is the finding
+            broken.append(f"{mod}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    import grpo_dist
+
+    head = f"python {platform.python_version()}, grpo_dist {getattr(grpo_dist, '__version__', '?')}, "
+    if broken:
+        return Result("versions", False, "not importable: " + "; ".join(broken))
+    return Result("versions", True, head + ", ".join(found))
+
+
+def cpu_flags(cpuinfo: str | None = None) -> tuple[str, set[str]]:
+    """(model name, flags) from /proc/cpuinfo (empty on other systems)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    model, flags = platform.processor() or platform.machine(), set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and value.strip():
+            model = value.strip()
+        elif key.strip() in ("flags", "Features") and not flags:
+            flags = set(value.split())
+    return model, flags
+
+
+def check_cpu(cpuinfo: str | None = None) -> Result:
+    model, flags = cpu_flags(cpuinfo)
+    cores = os.cpu_count() or 0
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64"):
+        have = [f for f in X86_EXTENSIONS if f in flags]
+        ok = "avx2" in flags or "avx512f" in flags
+        why = "" if ok else ": vLLM's CPU build needs AVX2 or AVX-512"
+        return Result("cpu", ok, f"{model}, {cores} cores, {' '.join(have) or 'no AVX2/AVX-512'}{why}")
+    simd = [f for f in ("asimd", "sve", "sve2", "bf16") if f in flags]
+    return Result("cpu", True, f"{model} ({machine}), {cores} cores, {' '.join(simd) or 'extensions unknown'}")
+
+
+def check_gpus() -> Result:
+    import torch
+
+    if not torch.cuda.is_available():
+        return Result("gpus", True, f"none visible to torch {torch.__version__} (CPU only: rollouts on vLLM's CPU "
+                                    f"build, DeepSpeed over gloo)")
+    names = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        names.append(f"{i}: {p.name} {p.total_memory / 2**30:.0f} GiB")
+    return Result("gpus", True, f"{len(names)} (CUDA {torch.version.cuda}): " + "; ".join(names))
+
+
+def op_library(ext_dir: str | os.PathLike) -> Path | None:
+    """DeepSpeed's compiled CPU communication op in ``ext_dir``, if there."""
+    found = sorted(Path(ext_dir).glob("deepspeed_shm_comm*/*.so"))
+    return found[0] if found else None
+
+
+def _child_deepspeed(warmup: bool) -> Result:
+    """In a child: init_distributed over gloo loads (or, with ``warmup``, compiles) the op."""
+    import torch
+
+    ext = os.environ["TORCH_EXTENSIONS_DIR"]
+    if torch.cuda.is_available():
+        return Result("deepspeed op", True, "not used with CUDA (NCCL)")
+    before = op_library(ext)
+    if before is None and not warmup:
+        return Result("deepspeed op", False, f"not compiled in {ext}: `grpo-dist doctor --warmup` compiles it once "
+                                             f"(~45 s), else the first run does")
+    import deepspeed
+    import torch.distributed as dist
+
+    from grpo_dist.util.ports import free_port
+
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+    dist.destroy_process_group()
+    lib = op_library(ext)
+    if lib is None:
+        return Result("deepspeed op", False, f"init_distributed ran but no op library appeared in {ext}")
+    return Result("deepspeed op", True, f"{'compiled now' if before is None else 'compiled'}: {lib}")
+
+
+def _child_ray() -> Result:
+    import ray
+
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        @ray.remote(num_cpus=0)
+        def where() -> int:
+            return os.getpid()
+
+        pid = ray.get(where.remote(), timeout=120)
+        return Result("ray", True, f"ray {ray.__version__}: a local cluster started and ran a task (worker pid {pid})")
+    finally:
+        ray.shutdown()
+
+
+def _child_vllm(model_dir: str) -> Result:
+    from grpo_dist.models import make_tiny_model
+    from grpo_dist.rollout.vllm_engine import VLLMGenerator
+    from grpo_dist.rollout.base import SamplingSpec
+
+    make_tiny_model(model_dir, size="tiny", seed=0, log=None)
+    t0 = time.perf_counter()
+    eng = VLLMGenerator(model_dir, enable_lora=False, max_model_len=64, cpu_kvcache_gb=1)
+    built = time.perf_counter() - t0
+    try:
+        ids = eng.tokenizer("12+34=")["input_ids"]
+        out = eng.generate([ids], SamplingSpec(n=2, temperature=1.0, max_tokens=4, seed=0))
+        n = sum(len(s.token_ids) for s in out[0])
+    finally:
+        eng.close()
+    if n == 0:
+        return Result("vllm", False, "the engine built but generated no token")
+    import vllm
+
+    return Result("vllm", True, f"vllm {vllm.__version__}: an engine built in {built:.0f} s on a tiny model and "
+                                f"generated {n} tokens")
+
+
+CHILD_CHECKS: dict[str, Callable[..., Result]] = {"versions": check_versions, "deepspeed": _child_deepspeed,
+                                                  "ray": _child_ray, "vllm": _child_vllm}
+
+
+def _in_child(name: str, args: list, log: Path, timeout: float) -> Result:
+    """Run ``CHILD_CHECKS[name](*args)`` in a fresh Python; its output is appended to ``log``."""
+    t0 = time.perf_counter()
+    code = (f"import json, sys; from grpo_dist.run import doctor; r = doctor.CHILD_CHECKS[{name!r}](*{args!r}); "
+            f"print({MARK!r} + json.dumps(r.__dict__), flush=True)")
+    label = {"deepspeed": "deepspeed op"}.get(name, name)
+    with open(log, "a") as f:
+        f.write(f"\n===== {label} =====\n")
+        f.flush()
+        try:
+            r = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=f, text=True,
+                               timeout=timeout, env=dict(os.environ))
+        except subprocess.TimeoutExpired:
+            return Result(label, False, f"no result within {timeout:.0f} s (see {log})", time.perf_counter() - t0)
+        f.write(r.stdout)
+    for ln in reversed(r.stdout.splitlines()):
+        if ln.startswith(MARK):
+            res = Result(**json.loads(ln[len(MARK):]))
+            res.seconds = time.perf_counter() - t0
+            return res
+    err = _last_error(log) or f"exit code {r.returncode}"
+    return Result(label, False, f"{err} (see {log})", time.perf_counter() - t0)
+
+
+def _last_error(log: Path) -> str | None:
+    """The last line of the log that names an exception."""
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "Error" in ln or "Exception" in ln:
+            return ln[:300]
+    return None
+
+
+def run(warmup: bool = False, quick: bool = False, out: Callable[[str], None] = print) -> int:
+    """Every check, one line each; 0 when all passed, else 1. ``quick``: no Ray or vLLM check."""
+    from grpo_dist.util.procenv import setup_env
+
+    env = setup_env()
+    tmp = Path(tempfile.mkdtemp(prefix="grpo_dist_doctor_"))
+    log = tmp / "doctor.log"
+    log.touch()
+    results = []
+    results.append(_in_child("versions", [], log, 300))  # the imports' own warnings go to the log
+    out(results[-1].line())
+    for fn in (check_cpu, check_gpus):
+        t0 = time.perf_counter()
+        try:
+            r = fn()
+        except Exception as e:  # noqa: BLE001 - a check that cannot run is a failed check
+            r = Result(fn.__name__.removeprefix("check_"), False, f"{type(e).__name__}: {e}")
+        r.seconds = time.perf_counter() - t0
+        results.append(r)
+        out(r.line())
+    children = [("deepspeed", [warmup], 900)]
+    if not quick:
+        children += [("ray", [], 300), ("vllm", [str(tmp / "tiny-model")], 900)]
+    for name, args, timeout in children:
+        r = _in_child(name, args, log, timeout)
+        results.append(r)
+        out(r.line())
+    failed = [r.name for r in results if not r.ok]
+    out(f"extensions cache: {env['TORCH_EXTENSIONS_DIR']}; details of the checks: {log}")
+    out("all checks passed" if not failed else f"{len(failed)} check(s) failed: {', '.join(failed)}")
+    return 1 if failed else 0

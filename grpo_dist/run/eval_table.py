@@ -1,0 +1,55 @@
+"""The table ``grpo-dist eval`` prints: one row per metric, base / adapter / delta columns (the JSON
+report, with sample completions, goes to a file)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_ROWS = [("sampled_accuracy", "sampled_acc"), ("greedy_accuracy", "greedy_acc")]
+
+
+def _rows(rep: dict[str, Any]) -> list[tuple[str, str]]:
+    """(report key, label) of every scalar the report has, in the table's order."""
+    rows = [(k, label) for k, label in _ROWS if k in rep]
+    rows += sorted(((k, k) for k in rep if k.startswith("pass@")), key=lambda kv: int(kv[0][5:]))
+    rows += [("mean_reward", "mean_reward")]
+    if "greedy_mean_reward" in rep:
+        rows.append(("greedy_mean_reward", "greedy_reward"))
+    means = rep.get("reward_means", {})
+    if len(means) > 1:  # one function: its mean is mean_reward
+        rows += [(f"reward_means/{k}", f"reward/{k}") for k in sorted(means)]
+    return rows
+
+
+def _get(rep: dict[str, Any], key: str) -> float | None:
+    if key.startswith("reward_means/"):
+        return rep.get("reward_means", {}).get(key.split("/", 1)[1])
+    v = rep.get(key)
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def eval_table(report: dict[str, Any]) -> list[str]:
+    """The lines: a header naming the held-out set, the table, then where the report is."""
+    base = report["base"]
+    adapter = report.get("adapter_eval")
+    label_w = max([len(label) for _, label in _rows(base)] + [11]) + 2
+    head = f"{'':{label_w}s}{'base':>8s}" + (f"{'adapter':>10s}{'delta':>9s}" if adapter else "")
+    where = (f"({base['num_prompts']} held-out prompts, {base['samples_per_prompt']} samples each, "
+             f"T={base['temperature']:g})")
+    lines = [f"{head}      {where}"]
+    for key, label in _rows(base):
+        b = _get(base, key)
+        if b is None:
+            continue
+        line = f"{label:{label_w}s}{b:8.3f}"
+        if adapter is not None:
+            a = _get(adapter, key)
+            line += f"{a:10.3f}{a - b:+9.3f}" if a is not None else f"{'-':>10s}"
+        lines.append(line)
+    if base.get("note"):
+        lines.append(f"note: {base['note']}")
+    lines.append(f"report: {report['report_path']} (with {len(base.get('samples', []))} prompts and their "
+                 f"completions per model)")
+    if report.get("wandb_dir"):
+        lines.append(f"wandb:  {report['wandb_dir']}")
+    return lines

@@ -1,0 +1,134 @@
+"""Heads and workers started through launch/start_head.sh / start_worker.sh as a user runs them,
+stopped through launch/stop_cluster.sh, and what they listen on (for test_launch_cluster.py and
+test_ray_job.py).
+
+The environment is a user's shell: PATH with the venv's bin first, a HOME of the test's own (its
+~/.ray holds the token and the pid files), nothing of Ray's or this project's process defaults
+(the test process has RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 from setup_env; a user's shell has not).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grpo_dist.util.ports import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+_KEEP = ("LANG", "LC_ALL", "USER", "LOGNAME", "SHELL", "TERM", "TMPDIR", "TZ",
+         # the shared caches of this machine: a user's home has the compiled DeepSpeed op already
+         "GRPO_DIST_CACHE", "TORCH_EXTENSIONS_DIR")
+
+
+def user_env(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: os.environ[k] for k in _KEEP if k in os.environ}
+    env.update(PATH=f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", HOME=str(home),
+               HF_HUB_OFFLINE="1", **extra)  # tests never reach the network
+    return env
+
+
+@dataclass
+class Node:
+    role: str
+    env: dict[str, str]
+    pid_file: Path
+    ports: dict[str, int]
+    out: str = ""
+    node_ip: str = "127.0.0.1"
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['dashboard']}"
+
+    @property
+    def address(self) -> str:
+        return f"{self.node_ip}:{self.ports['gcs']}"
+
+    def record(self) -> dict:
+        return json.loads(self.pid_file.read_text())
+
+    def pids(self) -> dict[int, str]:
+        """Every live process of this node (the pid file's session and descendants)."""
+        r = subprocess.run([sys.executable, "launch/_procs.py", "list", str(self.pid_file)], cwd=ROOT,
+                           capture_output=True, text=True, check=True)
+        return {int(ln.split()[0]): ln.split(maxsplit=1)[1] for ln in r.stdout.splitlines()}
+
+    def listening(self) -> list[tuple[str, int, str]]:
+        """(address, port, process name) of every TCP socket listening in a process of this node."""
+        return listening(set(self.pids()))
+
+
+def node_ports(head: bool) -> dict[str, int]:
+    """A free port for everything a node opens (Ray's fixed defaults collide with other heads on a
+    shared machine), and 20 worker ports."""
+    names = ["node_manager", "object_manager", "agent_http", "agent_grpc", "runtime_env", "metrics", "workers"]
+    if head:
+        names += ["gcs", "dashboard", "client"]
+    return {n: free_port() for n in names}
+
+
+def port_args(p: dict[str, int]) -> list[str]:
+    args = ["--node-manager-port", p["node_manager"], "--object-manager-port", p["object_manager"],
+            "--dashboard-agent-listen-port", p["agent_http"], "--dashboard-agent-grpc-port", p["agent_grpc"],
+            "--runtime-env-agent-port", p["runtime_env"], "--metrics-export-port", p["metrics"],
+            "--min-worker-port", p["workers"], "--max-worker-port", p["workers"] + 20]
+    if "client" in p:
+        args += ["--ray-client-server-port", p["client"]]
+    return [str(a) for a in args]
+
+
+def start_head(home: Path, *args: str, node_ip: str | None = None, **env: str) -> Node:
+    ports = node_ports(head=True)
+    e = user_env(home, RAY_PORT=str(ports["gcs"]), RAY_DASHBOARD_PORT=str(ports["dashboard"]), **env)
+    cmd = ["bash", "launch/start_head.sh", "--num-cpus", "2", *port_args(ports), *args]
+    if node_ip:
+        cmd += ["--node-ip-address", node_ip]
+    r = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return Node("head", e, home / ".ray" / "grpo_dist" / f"head-{ports['gcs']}.json", ports, r.stdout + r.stderr,
+                node_ip or "127.0.0.1")
+
+
+def start_worker(home: Path, head: Node, node_ip: str, *args: str) -> Node:
+    ports = node_ports(head=False)
+    e = user_env(home, RAY_NODE_IP=node_ip, RAY_AUTH_TOKEN_PATH=head.env.get("RAY_AUTH_TOKEN_PATH",
+                                                                           str(Path(head.env["HOME"]) / ".ray/auth_token")))
+    r = subprocess.run(["bash", "launch/start_worker.sh", head.address, "--num-cpus", "1", *port_args(ports), *args],
+                       cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    name = "worker-" + head.address.replace(":", "-") + ".json"
+    return Node("worker", e, home / ".ray" / "grpo_dist" / name, ports, r.stdout + r.stderr, node_ip)
+
+
+def stop(node: Node, *which: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.monotonic()
+    r = subprocess.run(["bash", "launch/stop_cluster.sh", *(which or (str(node.pid_file),))], cwd=ROOT,
+                       env=node.env, capture_output=True, text=True, timeout=timeout)
+    return r, time.monotonic() - t0
+
+
+def listening(pids: set[int]) -> list[tuple[str, int, str]]:
+    """(address, port, process name) of every TCP socket listening in one of ``pids`` (ss -ltnp)."""
+    out = []
+    for ln in subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout.splitlines():
+        local = ln.split()[3]
+        for name, pid in re.findall(r'\("([^"]+)",pid=(\d+)', ln):
+            if int(pid) in pids:
+                host, port = local.rsplit(":", 1)
+                out.append((host.strip("[]"), int(port), name))
+    return sorted(set(out))
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
