@@ -3,7 +3,7 @@
 have loss mask 0 at their positions, the limits end trajectories with their stop reasons, the
 counters reach the reward columns and the metrics, and an in-process learner takes a step on the
 batch using the mask (token count, importance weights). One check of the learner's diagnostics
-ignores the mask: it is marked xfail (strict) until grpo_dist/learner fixes it."""
+ignored the mask (environment tokens counted as engine/learner mismatch): fixed, tested."""
 
 from __future__ import annotations
 
@@ -112,9 +112,6 @@ def test_importance_weights_ignore_environment_tokens(loop):
     assert out["train/is_ratio_max"] < 20
 
 
-@pytest.mark.xfail(strict=True, reason="grpo_dist/learner/learner.py _diagnostics: logprob_diff_behaviour_* is taken "
-                   "over mb.valid (every completion token), not mb.mask: environment tokens (behaviour log-prob 0.0) "
-                   "count as engine/learner mismatch")
 def test_behaviour_logprob_diagnostics_ignore_environment_tokens(loop):
     _, _, batch, _, learner = loop
     out = learner.train_step(_with_bad_behaviour_on_environment_tokens(batch))

@@ -176,11 +176,14 @@ class TrainStep:
         if ent is not None and tokens > 0:
             acc.add_weighted("entropy", masked_mean(ent, m), tokens)
         if mb.behaviour_logp is not None and any(mb.lengths):
-            v = mb.valid
-            nv = float(sum(mb.lengths))  # valid = the real completion tokens
-            diff = torch.where(v, (logp - mb.behaviour_logp).abs(), torch.zeros((), dtype=logp.dtype))
-            acc.add({"logprob_diff_behaviour_max": diff.max()}, nv)
-            acc.add_weighted("logprob_diff_behaviour_mean", diff.sum() / nv, nv)
+            # the sampled tokens: environment tokens of a multi-turn trajectory carry 0.0 (no
+            # behaviour log-prob); a sampled token of probability 1 (0.0 too) has no gap to leave out
+            v = mb.valid & (mb.behaviour_logp != 0)
+            nv = float(v.sum())
+            if nv > 0:
+                diff = torch.where(v, (logp - mb.behaviour_logp).abs(), torch.zeros((), dtype=logp.dtype))
+                acc.add({"logprob_diff_behaviour_max": diff.max()}, nv)
+                acc.add_weighted("logprob_diff_behaviour_mean", diff.sum() / nv, nv)
 
     def _full_grads(self) -> list[Optional[torch.Tensor]]:
         """Gradients at the accumulation boundary, before clipping and the optimizer step (for the
