@@ -113,9 +113,18 @@ def test_importance_weights_ignore_environment_tokens(loop):
 
 
 def test_behaviour_logprob_diagnostics_ignore_environment_tokens(loop):
+    """With the weights held still (learning rate 0), the engine-vs-learner gap is the same whatever
+    the environment tokens' behaviour values are: only sampled tokens count (before the fix, the
+    -30s made the max ~25)."""
+    from grpo_dist.testing.learner import set_lr
+
     _, _, batch, _, learner = loop
-    out = learner.train_step(_with_bad_behaviour_on_environment_tokens(batch))
-    assert out["train/logprob_diff_behaviour_max"] < 1.0
+    set_lr(learner, 0.0)
+    a = learner.train_step(batch)
+    b = learner.train_step(_with_bad_behaviour_on_environment_tokens(batch))
+    for k in ("train/logprob_diff_behaviour_max", "train/logprob_diff_behaviour_mean"):
+        assert b[k] == pytest.approx(a[k], rel=1e-6, abs=1e-7), k
+    assert b["train/logprob_diff_behaviour_max"] < 20
 
 
 def test_limits_end_trajectories_with_their_stop_reason(pretrained_model_dir):

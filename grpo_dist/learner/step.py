@@ -176,9 +176,9 @@ class TrainStep:
         if ent is not None and tokens > 0:
             acc.add_weighted("entropy", masked_mean(ent, m), tokens)
         if mb.behaviour_logp is not None and any(mb.lengths):
-            # the sampled tokens: environment tokens of a multi-turn trajectory carry 0.0 (no
-            # behaviour log-prob); a sampled token of probability 1 (0.0 too) has no gap to leave out
-            v = mb.valid & (mb.behaviour_logp != 0)
+            # the tokens the loss sees: not the environment tokens of a multi-turn trajectory (they
+            # have no behaviour log-prob); with algo.top_entropy_frac < 1, the high-entropy ones
+            v = mb.valid & (mb.mask > 0)
             nv = float(v.sum())
             if nv > 0:
                 diff = torch.where(v, (logp - mb.behaviour_logp).abs(), torch.zeros((), dtype=logp.dtype))
