@@ -111,22 +111,15 @@ class AsyncVLLMGenerator:
 
     async def load_full_weights(self, path: str, version: int) -> None:
         """Drain (new groups wait, running ones finish), reload in place, serve ``version``."""
-        cond, lock = self._sync()
-        async with lock:
-            async with cond:
-                self._draining = True
-                try:
-                    await cond.wait_for(lambda: self.busy() == 0)
-                    await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
-                    await self.llm.reset_prefix_cache()
-                    self.version = version
-                finally:
-                    self._draining = False
-                    cond.notify_all()
+        async def load() -> dict:
+            await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+            return {"version": version}
+
+        await self.reload_in_place(load)
 
     async def reload_in_place(self, load) -> dict:
-        """Drain as :meth:`load_full_weights` does, ``await load()`` (it loads the weights in place
-        and answers ``{"version": ...}``), reset the prefix cache, serve that version."""
+        """Drain (new groups wait, running ones finish), ``await load()`` (it loads the weights in
+        place and answers ``{"version": ...}``), reset the prefix cache, serve that version."""
         cond, lock = self._sync()
         async with lock:
             async with cond:

@@ -196,13 +196,7 @@ class CollectiveSync(WeightSync):
 
         results = self.recovery.run(go) if self.recovery is not None else go()
         learner = self.learner_done[-1] if self.learner_done else {}
-        versions = {r["version"] for r in results} | ({learner["version"]} if "version" in learner else set())
-        if len(versions) != 1:
-            raise ClusterError(f"rollout workers disagree on the restored weight version: {sorted(versions)}", "rollout")
-        self.version = versions.pop()
-        for fn in self.on_push:
-            fn(self.version)
-        return self.version
+        return self._restored({r["version"] for r in results} | ({learner["version"]} if "version" in learner else set()))
 
     def _metrics(self, version: int, done: list[dict]) -> dict[str, float]:
         m = {"sync/version": float(version)}
