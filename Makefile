@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.stamp-install
 export HF_HUB_OFFLINE ?= 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup lint test test-fast demo bench bench-pipeline bench-trl gpu-check clean-runs
+.PHONY: setup lint test test-fast demo bench bench-pipeline bench-sync bench-trl gpu-check clean-runs
 
 setup: $(STAMP)
 
@@ -48,6 +48,11 @@ bench: $(STAMP)
 
 bench-pipeline: $(STAMP)
 	$(PY) benchmarks/pipeline.py --models tiny,small --workers 1,2 --ks 0,1,2 $(ARGS)
+
+# One full-weight sync through each sync.transport (collective, object_store, filesystem): s/sync and
+# extra peak memory of the learner and of an engine, tiny and small (25M) models.
+bench-sync: $(STAMP)
+	$(PY) benchmarks/sync_transports.py $(ARGS)
 
 # TRL's GRPOTrainer vs grpo_dist on one workload (benchmarks/trl_compare.py; ARGS="--steps 4" for a
 # smoke run). Installs the `bench` extra (TRL) with --no-deps, and only if pip's plan for it adds

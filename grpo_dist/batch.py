@@ -102,17 +102,45 @@ def rollout_metrics(rollouts, rewards: list[float], scores: RewardResult, group_
         "rollout/truncated_frac": sum(r.truncated for r in rollouts) / len(rollouts),
         "rollout/num_completions": float(len(rollouts)),
     }
-    if any(r.loss_mask is not None for r in rollouts):  # multi-turn: turns, environment tokens, why it stopped
-        masked = sum(len(r.loss_mask) - sum(r.loss_mask) for r in rollouts if r.loss_mask is not None)
-        m["rollout/turns_mean"] = sum(r.turns for r in rollouts) / len(rollouts)
-        m["rollout/env_token_frac"] = masked / max(1, sum(lengths))
-        for reason in sorted({r.stop_reason for r in rollouts if r.stop_reason}):
-            m[f"rollout/stop_reason/{reason}"] = float(sum(r.stop_reason == reason for r in rollouts))
+    if any(r.loss_mask is not None for r in rollouts):
+        m.update(trajectory_metrics(rollouts, lengths))
     for name, values in scores.per_function.items():
         finite = [v for v in values if v is not None and math.isfinite(v)]
         m[f"reward/{name}"] = sum(finite) / max(1, len(finite))
     for name, count in scores.errors.items():
         m[f"reward/errors/{name}"] = float(count)
+    return m
+
+
+# per-trajectory counters of grpo_dist/rollout/turns.py (Rollout.columns), summed over the batch
+TOOL_COUNTERS = ("tool_calls", "tool_errors", "tool_timeouts", "tool_malformed", "tool_truncated")
+
+
+def trajectory_metrics(rollouts, lengths: list[int]) -> dict[str, float]:
+    """Multi-turn: turns, tool calls / errors / timeouts (totals and per trajectory), why the
+    trajectories stopped (counts), the fraction of completion tokens with loss mask 0
+    (``env_token_frac``), the sampled tokens per trajectory, the environment's reward and the
+    sanity check's mismatches where present."""
+    n = len(rollouts)
+    masked = sum(len(r.loss_mask) - sum(r.loss_mask) for r in rollouts if r.loss_mask is not None)
+    m = {"rollout/turns_mean": sum(r.turns for r in rollouts) / n,
+         "rollout/turns_max": float(max(r.turns for r in rollouts)),
+         "rollout/env_token_frac": masked / max(1, sum(lengths)),
+         "rollout/sampled_length_mean": (sum(lengths) - masked) / n}
+    for reason in sorted({r.stop_reason for r in rollouts if r.stop_reason}):
+        m[f"rollout/stop_reason/{reason}"] = float(sum(r.stop_reason == reason for r in rollouts))
+    for key in TOOL_COUNTERS:
+        if any(key in r.columns for r in rollouts):
+            total = float(sum(r.columns.get(key) or 0 for r in rollouts))
+            m[f"rollout/{key}"], m[f"rollout/{key}_mean"] = total, total / n
+    if "rollout/tool_calls" in m:
+        m["rollout/tool_error_frac"] = m.get("rollout/tool_errors", 0.0) / max(1.0, m["rollout/tool_calls"])
+    env = [r.columns.get("env_reward") for r in rollouts if r.columns.get("env_reward") is not None]
+    if env:
+        m["rollout/env_reward_mean"] = sum(env) / len(env)
+    diffs = [r.columns["env_sanity_diff"] for r in rollouts if "env_sanity_diff" in r.columns]
+    if diffs:
+        m["rollout/env_sanity_diff_frac"] = sum(d >= 0 for d in diffs) / len(diffs)
     return m
 
 

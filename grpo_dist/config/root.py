@@ -73,6 +73,8 @@ class Config(Section):
         if self.sync.transport == "filesystem" and not c.shared_dir:
             raise _KeyError("sync.transport", "filesystem needs cluster.shared_dir (a directory every node "
                              "mounts at the same path); or use object_store")
+        if self.sync.transport == "collective":
+            self._check_collective()
         if c.shared_dir and not self.lora.enabled and not _inside(self.output_dir, c.shared_dir):
             raise _KeyError("output_dir", f"full-weight training with cluster.shared_dir writes checkpoints from "
                              f"the learner nodes: output_dir must be inside {c.shared_dir}")
@@ -104,6 +106,23 @@ class Config(Section):
                 raise _KeyError("cluster.num_cpus", f"the local cluster ({self.cluster.num_cpus} CPUs, no custom "
                                  f"resources) cannot hold the actors: {str(e).removeprefix('cluster: ')}") from None
         return self
+
+    def _check_collective(self) -> None:
+        """What ``sync.transport: collective`` can carry (``grpo_dist/sync/collective.py``)."""
+        c, r = self.cluster, self.rollout
+        if r.backend != "vllm":
+            raise _KeyError("sync.transport", "collective loads weights into vLLM engines in place: it needs "
+                             "rollout.backend: vllm")
+        if self.lora.enabled and (r.adapter_mode == "lora" or (r.adapter_mode == "auto" and c.rollout_gpus > 0)):
+            raise _KeyError("sync.transport", "collective carries LoRA adapters only to engines that merge them "
+                             "(rollout.adapter_mode: merged, the CPU default); engines serving adapters with LoRA "
+                             "kernels load them from files: use object_store")
+        if self.lora.enabled and c.rollout_gpus > 0:
+            raise _KeyError("sync.transport", "collective with LoRA merges in CPU engines (gloo); on GPUs use "
+                             "object_store for adapters (a few MB)")
+        if c.rollout_gpus > 0 and c.layout == "colocated":
+            raise _KeyError("sync.transport", "collective over NCCL needs a GPU per party (NCCL refuses two ranks "
+                             "on one device): use cluster.layout: disaggregated, or object_store when colocated")
 
     def _device_defaults(self) -> None:
         """Fill the device-dependent fields left null from the config's GPU counts (never from

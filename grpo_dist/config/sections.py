@@ -39,7 +39,8 @@ def _int_or_auto(v, low: int):
 
 class ModelConfig(Section):
     path: str = Field("models/tiny-add", description="Model loaded by vLLM and the learner: a local HF model directory, "
-                      "or a hub id (Qwen/Qwen2.5-0.5B-Instruct) fetched into the HF cache unless HF_HUB_OFFLINE=1.")
+                      "or a hub id (Qwen/Qwen2.5-0.5B-Instruct) fetched into the HF cache unless HF_HUB_OFFLINE=1, or "
+                      "pkg:<name> (pkg:smollm2-135m-instruct) / a .gguf file, converted once into the project cache.")
     make_if_missing: Optional[TinyModelSpec] = Field(
         None, description="If set and model.path does not exist, generate a local tiny model there first.")
     dtype: Optional[Literal["float32", "bfloat16", "float16"]] = Field(
@@ -128,12 +129,34 @@ class RolloutConfig(Section):
                             "outstanding groups, each finished group to a reward actor at once, scored groups wait in a "
                             "bounded buffer (grpo_dist/rollout/stream.py). false: batches of prompts per engine.")
     env: str = Field("single_turn", description="The environment each trajectory talks to (grpo_dist/envs): "
-                     "single_turn (one completion per prompt), or 'module:Class' / 'file.py:Class' with reset(record) "
-                     "and step(completion) -> EnvStep; its messages are appended as tokens with loss mask 0.")
+                     "single_turn (one completion per prompt), a built-in (calculator, python_code, guess_number, "
+                     "tools), or 'module:Class' / 'file.py:Class' with reset(record) and step(completion) -> EnvStep "
+                     "(or a TRL-style class: reset(**row), public methods as tools, get_reward()); its messages are "
+                     "appended as tokens with loss mask 0. Batch pipeline: turns in lock step; rollout.streaming: "
+                     "each trajectory advances on its own.")
     env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment's "
                                        "constructor.")
     max_turns: int = Field(4, gt=0, description="Assistant turns per trajectory at most (multi-turn environments); "
                            "a trajectory cut here has stop_reason max_turns.")
+    env_column: Optional[str] = Field(None, description="A dataset column naming each record's environment (a name "
+                                      "of rollout.envs or an environment spec); records without a value get rollout.env.")
+    envs: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Environments that rollout.env_column "
+                                            "names: {name: {env: <spec>, kwargs: {...}}}.")
+    max_total_tokens: Optional[int] = Field(None, gt=0, description="Completion tokens over all turns of a trajectory, "
+                                            "environment tokens included (TRL's max_completion_length); a trajectory "
+                                            "cut here has stop_reason budget. null = max_turns * max_tokens bounds it.")
+    max_tool_result_tokens: Optional[int] = Field(None, gt=0, description="Tokens of one tool message's content at "
+                                                  "most; longer results are cut in the middle (counted as tool_truncated).")
+    tool_timeout_s: Optional[float] = Field(30.0, gt=0, description="Wall-clock limit of one tool call; past it the "
+                                            "model reads an error as the result (counted as tool_timeouts).")
+    trajectory_timeout_s: Optional[float] = Field(None, gt=0, description="Wall-clock limit of one trajectory "
+                                                  "(generation and environment); past it stop_reason timeout.")
+    max_parallel_calls: int = Field(1, gt=0, description="Tool calls run per turn at most (more get an error "
+                                    "result). 1: generation also stops after a call (the parser's stop strings).")
+    tool_parser: str = Field("hermes", description="Tool-call format the tool environments parse (grpo_dist/envs/"
+                             "parsers.py): hermes = <tool_call>{json}</tool_call>.")
+    env_sanity: bool = Field(False, description="Re-render every multi-turn trajectory through the chat template and "
+                             "report the first token where the built ids differ (rollout/env_sanity_diff_frac, a warning).")
 
     @field_validator("group_size")
     @classmethod
@@ -146,9 +169,6 @@ class RolloutConfig(Section):
     def _streaming(self):
         if self.streaming and self.backend != "vllm":
             raise ValueError("rollout.streaming needs rollout.backend vllm (its async engine)")
-        if self.streaming and self.env != "single_turn":
-            raise ValueError("rollout.env: multi-turn environments run in the batch pipeline for now "
-                             "(set rollout.streaming false)")
         return self
 
 
@@ -272,7 +292,19 @@ class LearnerConfig(Section):
 
 
 class SyncConfig(Section):
-    transport: Literal["object_store", "filesystem"] = Field("object_store", description="How adapter tensors travel to rollout workers.")
+    transport: Literal["object_store", "filesystem", "collective"] = Field(
+        "object_store", description="How the weights travel to the rollout engines. object_store / filesystem: the "
+        "learner's tensors as one payload, which each engine writes and reloads from its local disk. collective: "
+        "learner rank 0 broadcasts them in buckets over a process group of its own with every vLLM engine, which "
+        "loads them in place (gloo and a vLLM worker extension on CPU engines; vLLM's NCCL weight transfer on "
+        "GPUs); full weights, or LoRA adapters merged in the engine (rollout.adapter_mode merged).")
+    bucket_mb: float = Field(256, gt=0, description="sync.transport collective: the most MiB one broadcast carries "
+                           "(the learner's extra memory for a sync is at most one bucket; a larger tensor travels "
+                           "alone, in slices).")
+    timeout_s: float = Field(600.0, gt=0, description="sync.transport collective: the timeout of forming the weight "
+                             "group and of each of its collectives (an engine that died or hangs becomes an error, "
+                             "never a hang); it must exceed what an engine may still be generating when a push is "
+                             "issued (trainer.max_staleness >= 1).")
     tmp_dir: Optional[str] = Field(None, description="Where workers write adapter versions (default /dev/shm or tmp).")
     keep_versions: int = Field(2, gt=0, description="Adapter versions kept on each worker's disk.")
 

@@ -18,6 +18,8 @@ from grpo_dist.data.synthetic import (
 )
 from grpo_dist.types import PromptRecord
 
+from grpo_dist.data import env_tasks  # noqa: E402,F401  (registers tool_problems, guess_number)
+
 __all__ = [
     "PromptRecord",
     "PromptStream",

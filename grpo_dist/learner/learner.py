@@ -28,6 +28,7 @@ from . import perf
 from .layout import Layout
 from .model import PolicyModel
 from .step import TrainStep, old_logp_source
+from .weight_group import WeightBroadcast
 from .weights_io import WeightsIO
 
 
@@ -71,6 +72,7 @@ class Learner:
         peak, peak_source = perf.peak_flops(p.device, getattr(torch, cfg.model.dtype))
         self.step = TrainStep(p, self.layout, peak, self._old_logp_source)
         self.io = WeightsIO(cfg, p)
+        self.broadcast = WeightBroadcast(cfg, p, self.rank)  # sync.transport: collective
         if self.rank == 0:
             print(self.layout.line, flush=True)
             print(f"learner peak for perf/mfu: {peak_source}", flush=True)
@@ -177,6 +179,20 @@ class Learner:
         """``save_adapter``'s files (rank 0; {} on the others). Every rank calls it."""
         self._ready()
         return self.io.adapter_files()
+
+    # ------------------------------------------------------------------ sync.transport: collective
+    def weight_manifest(self) -> Optional[dict[str, Any]]:
+        return self.broadcast.weight_manifest()
+
+    def join_weight_group(self, host: str, port: int, world_size: int, epoch: int, nccl: bool = False) -> dict:
+        return self.broadcast.join_weight_group(host, port, world_size, epoch, nccl)
+
+    def leave_weight_group(self) -> None:
+        if getattr(self, "broadcast", None) is not None:
+            self.broadcast.leave_weight_group()
+
+    def broadcast_weights(self, seq: int) -> dict[str, Any]:
+        return self.broadcast.broadcast_weights(seq)
 
     def refresh_reference(self, mix: Optional[float] = None) -> dict[str, float]:
         """Mix the policy into the KL reference (``algo.ref_refresh_mix`` unless given); every rank."""

@@ -176,11 +176,14 @@ class TrainStep:
         if ent is not None and tokens > 0:
             acc.add_weighted("entropy", masked_mean(ent, m), tokens)
         if mb.behaviour_logp is not None and any(mb.lengths):
-            v = mb.valid
-            nv = float(sum(mb.lengths))  # valid = the real completion tokens
-            diff = torch.where(v, (logp - mb.behaviour_logp).abs(), torch.zeros((), dtype=logp.dtype))
-            acc.add({"logprob_diff_behaviour_max": diff.max()}, nv)
-            acc.add_weighted("logprob_diff_behaviour_mean", diff.sum() / nv, nv)
+            # the tokens the loss sees: not the environment tokens of a multi-turn trajectory (they
+            # have no behaviour log-prob); with algo.top_entropy_frac < 1, the high-entropy ones
+            v = mb.valid & (mb.mask > 0)
+            nv = float(v.sum())
+            if nv > 0:
+                diff = torch.where(v, (logp - mb.behaviour_logp).abs(), torch.zeros((), dtype=logp.dtype))
+                acc.add({"logprob_diff_behaviour_max": diff.max()}, nv)
+                acc.add_weighted("logprob_diff_behaviour_mean", diff.sum() / nv, nv)
 
     def _full_grads(self) -> list[Optional[torch.Tensor]]:
         """Gradients at the accumulation boundary, before clipping and the optimizer step (for the

@@ -75,7 +75,7 @@ class AsyncVLLMGenerator:
                 self._inflight[version] -= 1
                 cond.notify_all()
             await self._drop_unused_adapters()
-        return [to_sample(c) for c in outs], version
+        return [to_sample(c, self.tokenizer) for c in outs], version
 
     async def _request(self, prompt_ids: list[int], params, lora) -> list:
         from vllm import TokensPrompt
@@ -111,18 +111,28 @@ class AsyncVLLMGenerator:
 
     async def load_full_weights(self, path: str, version: int) -> None:
         """Drain (new groups wait, running ones finish), reload in place, serve ``version``."""
+        async def load() -> dict:
+            await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+            return {"version": version}
+
+        await self.reload_in_place(load)
+
+    async def reload_in_place(self, load) -> dict:
+        """Drain (new groups wait, running ones finish), ``await load()`` (it loads the weights in
+        place and answers ``{"version": ...}``), reset the prefix cache, serve that version."""
         cond, lock = self._sync()
         async with lock:
             async with cond:
                 self._draining = True
                 try:
                     await cond.wait_for(lambda: self.busy() == 0)
-                    await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+                    out = await load()
                     await self.llm.reset_prefix_cache()
-                    self.version = version
+                    self.version = int(out["version"])
                 finally:
                     self._draining = False
                     cond.notify_all()
+        return out
 
     def close(self) -> None:
         try:

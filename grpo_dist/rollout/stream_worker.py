@@ -14,6 +14,8 @@ import time
 from typing import Any
 
 from grpo_dist.rollout.seeds import SeedKey
+from grpo_dist.rollout.turns_async import run_group_async
+from grpo_dist.rollout.weight_group import StreamingWeightGroupMember
 from grpo_dist.rollout.worker import RolloutWorker, generator_kwargs
 from grpo_dist.types import AdapterUpdate, RolloutGroup
 
@@ -25,7 +27,7 @@ def resident_versions(cfg) -> int:
     return max(cfg.rollout.max_loras, cfg.sync.keep_versions, int(cfg.trainer.max_staleness) + 2)
 
 
-class StreamingRolloutWorker(RolloutWorker):
+class StreamingRolloutWorker(StreamingWeightGroupMember, RolloutWorker):
     _lock: asyncio.Lock | None = None
 
     def _make_engine(self, seed: int):
@@ -52,6 +54,9 @@ class StreamingRolloutWorker(RolloutWorker):
         """One prompt's group, with the wall time it finished (``time.time()``)."""
         assert self.engine is not None, "call setup() first"
         spec, seeds, ids = self._prepare([record], None, None, None, None if key is None else [key])
+        if self.envs is not None:  # multi-turn: each trajectory its own coroutine (rollout/turns_async.py)
+            return await run_group_async(self.engine, record, ids[0], spec, None if seeds is None else seeds[0],
+                                         self.envs, self.cfg.model.max_model_len, min_version), time.time()
         samples, version = await self.engine.generate_group(ids[0], spec, None if seeds is None else seeds[0], min_version)
         return self._group(record, ids[0], samples, version), time.time()
 
@@ -60,6 +65,10 @@ class StreamingRolloutWorker(RolloutWorker):
         """RolloutWorker.generate's contract (evaluation, refills): the groups run concurrently."""
         assert self.engine is not None, "call setup() first"
         spec, seeds, ids = self._prepare(prompts, n, temperature, seed, keys)
+        if self.envs is not None:
+            return list(await asyncio.gather(*[run_group_async(
+                self.engine, rec, pids, spec, None if seeds is None else seeds[i], self.envs,
+                self.cfg.model.max_model_len) for i, (rec, pids) in enumerate(zip(prompts, ids))]))
         outs = await asyncio.gather(*[self.engine.generate_group(pids, spec, None if seeds is None else seeds[i])
                                       for i, pids in enumerate(ids)])
         return [self._group(rec, pids, samples, version) for rec, pids, (samples, version) in zip(prompts, ids, outs)]

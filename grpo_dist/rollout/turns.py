@@ -3,134 +3,89 @@
 Token in, token out: a trajectory is its prompt ids, then per turn the ids the engine sampled
 (kept as they came, with their behaviour log-probs, loss mask 1, the end-of-turn token
 included), then the environment's answer appended as the tokens the chat template adds for
-those messages (loss mask 0, log-prob 0.0). The history is never decoded and re-encoded.
+those messages (``grpo_dist.envs.chat.MessageEncoder``: loss mask 0, log-prob 0.0). The history
+is never decoded and re-encoded; the text an environment reads is decoded from the turn's own
+sampled ids (so a stop string such as ``</tool_call>`` is in it).
 
-Turns run in lock step: each round generates one turn for every trajectory still going, in one
-engine call, then asks each trajectory's environment (one instance per trajectory) for its
-answer. A trajectory stops when its environment says ``done``, when a turn is cut by
-``rollout.max_tokens`` ("length"), after ``rollout.max_turns`` turns ("max_turns"), or when the
-next turn would not fit in ``model.max_model_len`` ("context").
+Turns run in lock step: each round generates one turn for every trajectory still going (one
+engine call per distinct token limit and stop set), then runs every environment's ``step``
+concurrently on the environments' event loop (also for a turn cut by a limit: the environment may
+score it). A trajectory stops (``stop_reason``) when its environment says ``done`` after a turn
+that ended by itself; else it is cut by a limit (``truncated``, ``finish_reason`` "length"):
+
+* ``length``: a turn used all of ``rollout.max_tokens``;
+* ``budget``: ``rollout.max_total_tokens`` (completion tokens over all turns, environment tokens
+  included -- TRL's ``max_completion_length``) ran out;
+* ``max_turns``: ``rollout.max_turns`` turns ran and the environment wanted more;
+* ``context``: the next turn would not fit in ``model.max_model_len``;
+* ``timeout``: ``rollout.trajectory_timeout_s`` of wall clock passed (checked before each turn
+  and bounding each ``step``);
+* ``env_error``: the environment's ``reset``/``step`` raised (logged with its traceback once).
+
+Tool results longer than ``rollout.max_tool_result_tokens`` are cut in the middle. The stop
+reason, ``truncated``, the turn count, the summed ``info`` counters (tool_calls, tool_errors,
+...) and the environment's reward (``env_reward``: the sum of its step rewards, or what
+``finish`` returned) become columns of the Rollout, so reward functions and metrics see them.
+``rollout.env_sanity`` re-renders every trajectory in full and records the first index where
+the built ids differ (column ``env_sanity_diff``, -1 if none; a warning names the tokens).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
+import asyncio
+from typing import Any
 
-from grpo_dist.envs.base import Env, call
+from grpo_dist.envs.base import run
+from grpo_dist.envs.registry import EnvSource
 from grpo_dist.rollout.base import Generator, SamplingSpec
-from grpo_dist.types import Rollout, RolloutGroup
+from grpo_dist.rollout.trajectory import (Trajectory, encoder_for, expired, finish, open_trajectory, reset, step,
+                                          to_rollout, turn_seed, turn_spec)
+from grpo_dist.types import RolloutGroup
 
-_MASK63 = (1 << 63) - 1
-_BASE = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
-
-
-@dataclass
-class Trajectory:
-    record: Any
-    prompt_ids: list[int]
-    seed: int | None
-    env: Env
-    ids: list[int] = field(default_factory=list)  # everything after the prompt
-    logprobs: list[float] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    turns: int = 0
-    finish_reason: str = "stop"
-    stop_reason: str | None = None
-
-    def add(self, ids: list[int], logprobs: list[float] | None) -> None:
-        self.ids += ids
-        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
-        self.mask += [1 if logprobs is not None else 0] * len(ids)
-
-
-class MessageEncoder:
-    """The token ids an environment's messages add after an assistant turn: the chat template's
-    rendering of (a fixed base conversation + the messages + the next assistant header) past the
-    base, without the base's end-of-turn text (the model sampled it). Without a chat template:
-    the messages' contents as plain text."""
-
-    def __init__(self, tokenizer):
-        self.tok = tokenizer
-        self.template = getattr(tokenizer, "chat_template", None)
-        if self.template:
-            base = tokenizer.apply_chat_template(_BASE, tokenize=False)
-            self._cut = base.rindex(_BASE[-1]["content"]) + len(_BASE[-1]["content"])
-            self._eos = tokenizer.eos_token or ""
-
-    def __call__(self, messages: list[dict[str, Any]]) -> list[int]:
-        if not messages:
-            return []
-        if not self.template:
-            text = "".join(str(m.get("content", "")) for m in messages)
-        else:
-            full = self.tok.apply_chat_template(_BASE + list(messages), tokenize=False, add_generation_prompt=True)
-            text = full[self._cut:]
-            if self._eos and text.startswith(self._eos):
-                text = text[len(self._eos):]  # the model sampled the end of its turn
-        return self.tok(text, add_special_tokens=False)["input_ids"]
-
-
-def turn_seed(seed: int | None, turn: int) -> int | None:
-    """Turn 0 samples with the sample's own seed (a one-turn trajectory is today's completion);
-    later turns with seeds derived from it."""
-    if seed is None or turn == 0:
-        return seed
-    return (seed * 6364136223846793005 + turn * 1442695040888963407) & _MASK63
+__all__ = ["run_trajectories", "turn_seed"]
 
 
 def run_trajectories(engine: Generator, records: list[Any], prompt_ids: list[list[int]], spec: SamplingSpec,
-                     seeds: list[list[int]] | None, make_env: Callable[[], Env], max_turns: int,
-                     max_model_len: int, version: int) -> list[RolloutGroup]:
-    """``spec.n`` trajectories per record (seeds[i][j]: trajectory j of record i)."""
-    encode = MessageEncoder(engine.tokenizer)
-    groups: list[list[Trajectory]] = []
-    for i, (rec, pids) in enumerate(zip(records, prompt_ids)):
-        trajs = []
-        for j in range(spec.n):
-            env = make_env()
-            opening = call(env.reset, rec)
-            start = list(pids) if opening is None else encode_opening(engine, opening)
-            trajs.append(Trajectory(rec, start, seeds[i][j] if seeds is not None else None, env))
-        groups.append(trajs)
-    active = [t for g in groups for t in g]
-    one = SamplingSpec(n=1, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
-                       max_tokens=spec.max_tokens, stop=list(spec.stop))
+                     seeds: list[list[int]] | None, source: EnvSource, max_model_len: int,
+                     version: int) -> list[RolloutGroup]:
+    """``spec.n`` trajectories per record (seeds[i][j]: trajectory j of record i), in lock step."""
+    tok, lim = engine.tokenizer, source.limits
+    encode = encoder_for(tok)
+    envs = [[source.make(rec) for _ in range(spec.n)] for rec in records]
+    openings = iter(run(_gather([reset(e, rec) for rec, row in zip(records, envs) for e in row])))
+    groups = [[open_trajectory(tok, rec, pids, seeds[i][j] if seeds is not None else None, env, next(openings))
+               for j, env in enumerate(envs[i])] for i, (rec, pids) in enumerate(zip(records, prompt_ids))]
+    active = [t for g in groups for t in g if t.stop_reason is None]
     while active:
-        outs = engine.generate([t.prompt_ids + t.ids for t in active], one,
-                               seeds=None if seeds is None else [[turn_seed(t.seed, t.turns)] for t in active])
-        still = []
-        for t, (sample,) in zip(active, outs):
-            t.add(sample.token_ids, sample.logprobs)
-            t.turns += 1
-            t.finish_reason = sample.finish_reason
-            answer = call(t.env.step, sample.text)
-            if answer.done:
-                t.stop_reason = "done"
-            elif sample.finish_reason == "length":
-                t.stop_reason = "length"
-            elif t.turns >= max_turns:
-                t.stop_reason = "max_turns"
-            else:
-                extra = encode(answer.messages)
-                if len(t.prompt_ids) + len(t.ids) + len(extra) + spec.max_tokens > max_model_len:
-                    t.stop_reason = "context"
-                else:
-                    t.add(extra, None)
-                    still.append(t)
-        active = still
-    tok = engine.tokenizer
-    return [RolloutGroup(prompt_id=g[0].record.id, rollouts=[
-        Rollout(prompt_id=t.record.id, prompt=t.record.prompt, prompt_ids=t.prompt_ids,
-                completion=tok.decode(t.ids, skip_special_tokens=True), completion_ids=t.ids, logprobs=t.logprobs,
-                finish_reason=t.finish_reason, adapter_version=version, columns=dict(t.record.columns),
-                loss_mask=t.mask, turns=t.turns, stop_reason=t.stop_reason) for t in g]) for g in groups]
+        for t in active:
+            if expired(t, lim):
+                t.stop_reason = "timeout"
+        active = [t for t in active if t.stop_reason is None]
+        turns = _generate(engine, active, spec, lim, max_model_len)
+        answers = run(_gather([step(t, text, lim) for t, (_, text, _) in zip(active, turns)]))
+        active = [t for t, (cut, _, said), answer in zip(active, turns, answers)
+                  if t.advance(cut, said, answer, lim, tok, encode, max_model_len)]
+    run(_gather([finish(t, lim.tool_timeout_s) for g in groups for t in g]))
+    return [RolloutGroup(prompt_id=g[0].record.id, rollouts=[to_rollout(tok, t, version, lim.sanity) for t in g])
+            for g in groups]
 
 
-def encode_opening(engine: Generator, messages: list[dict[str, Any]]) -> list[int]:
-    """The prompt ids of an environment's opening messages (chat template + generation prompt)."""
-    tok = engine.tokenizer
-    if getattr(tok, "chat_template", None):
-        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return tok(text, add_special_tokens=False)["input_ids"]  # the template holds the BOS if any
-    return tok("".join(str(m.get("content", "")) for m in messages))["input_ids"]
+async def _gather(coros: list) -> list:
+    return list(await asyncio.gather(*coros))
+
+
+def _generate(engine: Generator, active: list[Trajectory], spec: SamplingSpec, lim, max_model_len: int) -> list:
+    """One turn for every trajectory, one engine call per distinct (token limit, stop strings);
+    returns ``Trajectory.take``'s answer for each."""
+    batches: dict[tuple, list[int]] = {}
+    specs = [turn_spec(t, spec, lim, max_model_len) for t in active]
+    for i, one in enumerate(specs):
+        batches.setdefault((one.max_tokens, tuple(one.stop)), []).append(i)
+    out: list[Any] = [None] * len(active)
+    for idx in batches.values():
+        one, ts = specs[idx[0]], [active[i] for i in idx]
+        seeds = None if any(t.seed is None for t in ts) else [[turn_seed(t.seed, t.turns)] for t in ts]
+        samples = engine.generate([t.prompt_ids + t.ids for t in ts], one, seeds=seeds)
+        for i, t, (s,) in zip(idx, ts, samples):
+            out[i] = t.take(s, one.max_tokens, spec, lim, engine.tokenizer)
+    return out

@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 
+from grpo_dist.rollout import vllm_compat
 from grpo_dist.rollout.base import Generator, Sample, SamplingSpec
 
 log = logging.getLogger("grpo_dist.rollout")
@@ -42,17 +43,14 @@ def cpu_kvcache_space(cpu_kvcache_gb: int | None, environ=os.environ) -> str:
     return value
 
 
-# per reload: "<layer>: Failed to load weights" (layerwise) and "Following weights were not loaded"
-# (inplace) for every layer a merged adapter leaves alone
-_RELOAD_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise", "vllm.model_executor.model_loader.reload.inplace")
-
-
 def quiet_reload_warnings(environ=os.environ) -> str | None:
     """Every in-place reload warns about each layer it was given no weights for (the rotary cos/sin
     cache, never in a checkpoint; with merged serving, every layer the adapter leaves alone), and
     vLLM puts the old tensors back. Merged-weight serving reloads every step, so the engine
-    processes get vLLM's default logging config with the two reload loggers at ERROR
-    (``VLLM_LOGGING_CONFIG_PATH``; a user's own config is left alone). Returns the path set."""
+    processes get vLLM's default logging config with the reload loggers at ERROR
+    (``VLLM_LOGGING_CONFIG_PATH``; a user's own config is left alone), and the plugin drops the
+    "not loaded" notice where vLLM 0.26 logs it (``vllm_compat``). Returns the path set."""
+    environ.setdefault(vllm_compat.QUIET_RELOAD_ENV, "1")  # read by the plugin in vLLM's processes
     if environ.get("VLLM_LOGGING_CONFIG_PATH"):
         return None
     import copy
@@ -62,7 +60,7 @@ def quiet_reload_warnings(environ=os.environ) -> str | None:
     from vllm.logger import DEFAULT_LOGGING_CONFIG
 
     cfg = copy.deepcopy(DEFAULT_LOGGING_CONFIG)
-    for name in _RELOAD_LOGGERS:
+    for name in vllm_compat.reload_loggers():
         cfg["loggers"][name] = {"level": "ERROR"}
     fd, path = tempfile.mkstemp(prefix="grpo_dist-vllm-logging-", suffix=".json")
     with os.fdopen(fd, "w") as f:
@@ -83,13 +81,20 @@ def engine_kwargs(model_path: str, *, dtype: str = "float32", max_model_len: int
                   enable_lora: bool = True, lora_rank: int = 8, max_loras: int = 1, seed: int = 0,
                   enforce_eager: bool = True, gpu_memory_utilization: float = 0.3,
                   cpu_kvcache_gb: int | None = None, trust_remote_code: bool = False,
-                  enable_sleep_mode: bool = False, max_cpu_loras: int | None = None) -> dict:
+                  enable_sleep_mode: bool = False, max_cpu_loras: int | None = None,
+                  max_num_batched_tokens: int | None = None, worker_extension_cls: str | None = None,
+                  weight_transfer_config: dict | None = None) -> dict:
     """vLLM engine arguments (``LLM(**kw)`` or ``AsyncEngineArgs(**kw)``); sets the CPU build's
     KV-cache variable and, without LoRA, quiets the per-reload warnings. ``max_cpu_loras``:
     adapters kept loaded in host memory (default ``max_loras``); one evicted there is read again
-    from its directory."""
+    from its directory. ``max_num_batched_tokens``: the prefill budget per step (None: vLLM's);
+    CPU engines run without chunked prefill (``vllm_compat.cpu_prefill_kwargs``), so there it is
+    at least ``max_model_len``. ``worker_extension_cls`` / ``weight_transfer_config``: what
+    ``sync.transport: collective`` loads weights through (``rollout/weight_group.py``): a class
+    vLLM mixes into its worker, whose methods ``collective_rpc`` calls by name."""
     import torch
 
+    vllm_compat.check_supported()
     cpu_kvcache_space(cpu_kvcache_gb)  # read by the CPU build only
     if not torch.cuda.is_available():  # the worker stops polling soon after a call (rollout/vllm_plugin.py)
         from grpo_dist.rollout.vllm_plugin import CPU_IDLE_SPIN_S, ENV
@@ -104,6 +109,14 @@ def engine_kwargs(model_path: str, *, dtype: str = "float32", max_model_len: int
     )
     if torch.cuda.is_available():
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if max_num_batched_tokens is not None:
+            kwargs["max_num_batched_tokens"] = max_num_batched_tokens
+    else:  # seeded requests crash a CPU engine when their prefill is split
+        kwargs.update(vllm_compat.cpu_prefill_kwargs(max_model_len, max_num_batched_tokens))
+    if worker_extension_cls:
+        kwargs["worker_extension_cls"] = worker_extension_cls
+    if weight_transfer_config:
+        kwargs["weight_transfer_config"] = weight_transfer_config
     if enable_sleep_mode:  # colocated on GPU (sleep/wake_up below); not in the CPU build
         kwargs["enable_sleep_mode"] = True
     if enable_lora:
@@ -119,11 +132,14 @@ def sampling_params(spec: SamplingSpec, n: int, seed: int | None):
                           max_tokens=spec.max_tokens, stop=list(spec.stop) or None, logprobs=0, seed=seed)
 
 
-def to_sample(c) -> Sample:
-    """One vLLM ``CompletionOutput`` as a Sample (the sampled tokens' processed log-probs)."""
+def to_sample(c, tokenizer=None) -> Sample:
+    """One vLLM ``CompletionOutput`` as a Sample (the sampled tokens' processed log-probs). With
+    ``tokenizer`` the text is the decoding of exactly the sampled ids, as the hf backend's (vLLM's
+    own text drops a multi-byte character cut by max_tokens, and a stop string the ids still hold)."""
     ids = list(c.token_ids)
     lps = [float(step[tok].logprob) for step, tok in zip(c.logprobs or [], ids)]
-    return Sample(token_ids=ids, text=c.text, logprobs=lps, finish_reason="length" if c.finish_reason == "length" else "stop")
+    text = tokenizer.decode(ids, skip_special_tokens=True) if tokenizer is not None else c.text
+    return Sample(token_ids=ids, text=text, logprobs=lps, finish_reason="length" if c.finish_reason == "length" else "stop")
 
 
 class VLLMGenerator(Generator):
@@ -153,7 +169,7 @@ class VLLMGenerator(Generator):
             for ss in seeds:
                 per_prompt.append([o.outputs[0] for o in outs[i:i + len(ss)]])
                 i += len(ss)
-        return [[to_sample(c) for c in outputs] for outputs in per_prompt]
+        return [[to_sample(c, self.tokenizer) for c in outputs] for outputs in per_prompt]
 
     def set_adapter(self, version: int, path: str | None) -> None:
         from vllm.lora.request import LoRARequest

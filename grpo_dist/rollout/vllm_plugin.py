@@ -2,17 +2,22 @@
 starts (the engine core and its worker processes), which is the only way to change how a spawned
 vLLM worker behaves from outside.
 
-What it changes, and only when ``GRPO_DIST_VLLM_IDLE_SPIN_S`` is in the environment (the rollout
-worker exports it before starting a CPU engine; a user's other vLLM runs on the machine are left
-alone): how long a vLLM worker keeps polling its shared-memory request queue after the last
-request before it waits on a socket. vLLM 0.32 polls (``sched_yield`` in a loop) for 1 s after
-each read. On a GPU box that is a spare host core; on a CPU node it is one of the cores the
-learner needs next: after every generation call each engine's worker burned a full core for
-1 s while the learner's reference pass and update ran (measured: 1.00 s of CPU in the 1.5 s after
-``generate`` returned, per engine; the learner phase of the small benchmark took 1.76 s in the
-pipeline against 1.3 s alone). A short window still covers the gaps between decode steps of one
-call (about a millisecond); after it the worker sleeps on the queue's notify socket, which the
-writer signals on every message, so a new request wakes it at once.
+What it changes, each only where the rollout worker asked for it in the environment (a user's
+other vLLM runs on the machine are left alone):
+
+* ``GRPO_DIST_VLLM_QUIET_RELOAD`` (merged/full-weight engines): vLLM 0.26's per-reload
+  "Following weights were not loaded" notice is dropped (``vllm_compat.NotLoadedFilter``; 0.32
+  logs it from a logger that ``VLLM_LOGGING_CONFIG_PATH`` quiets).
+* ``GRPO_DIST_VLLM_IDLE_SPIN_S`` (CPU engines): how long a vLLM worker keeps polling its
+  shared-memory request queue after the last request before it waits on a socket. vLLM (0.26 and
+  0.32 alike) polls (``sched_yield`` in a loop) for 1 s after each read. On a GPU box that is a
+  spare host core; on a CPU node it is one of the cores the learner needs next: after every
+  generation call each engine's worker burned a full core for 1 s while the learner's reference
+  pass and update ran (measured: 1.00 s of CPU in the 1.5 s after ``generate`` returned, per
+  engine; the learner phase of the small benchmark took 1.76 s in the pipeline against 1.3 s
+  alone). A short window still covers the gaps between decode steps of one call (about a
+  millisecond); after it the worker sleeps on the queue's notify socket, which the writer
+  signals on every message, so a new request wakes it at once.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+
+from grpo_dist.rollout import vllm_compat
 
 ENV = "GRPO_DIST_VLLM_IDLE_SPIN_S"
 CPU_IDLE_SPIN_S = 0.05  # what the rollout worker exports for CPU engines (vLLM's own default: 1 s)
@@ -40,6 +47,8 @@ def register() -> None:
     spin = idle_spin_s()
     if spin is not None:
         patch_spin_condition(spin)
+    if os.environ.get(vllm_compat.QUIET_RELOAD_ENV):  # merged/full-weight engines (vllm_engine.py)
+        vllm_compat.install_not_loaded_filter()
 
 
 def patch_spin_condition(spin: float) -> bool:

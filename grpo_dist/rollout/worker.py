@@ -13,9 +13,10 @@ from typing import Any
 from grpo_dist.config import Config
 from grpo_dist.devices import BIND_ENV, adapter_mode, engine_cpus, sleeps_while_learning, torch_threads
 from grpo_dist.rollout.base import Generator, SamplingSpec
-from grpo_dist.envs.base import env_factory
+from grpo_dist.envs.registry import EnvSource
 from grpo_dist.rollout.seeds import SeedKey, sample_seeds
 from grpo_dist.rollout.turns import run_trajectories
+from grpo_dist.rollout.weight_group import WeightGroupMember, weight_group_engine_kwargs
 from grpo_dist.sync import AdapterStore, make_transport
 from grpo_dist.sync.merge import LoraMerger, read_adapter_dir
 from grpo_dist.types import AdapterUpdate, Rollout, RolloutGroup
@@ -29,7 +30,8 @@ def generator_kwargs(cfg: Config, seed: int) -> dict[str, Any]:
                 enable_lora=adapter_mode(cfg)[0] == "lora", lora_rank=cfg.lora.r, max_loras=cfg.rollout.max_loras,
                 enforce_eager=cfg.rollout.enforce_eager, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                 cpu_kvcache_gb=cfg.rollout.cpu_kvcache_gb, enable_sleep_mode=sleeps_while_learning(cfg),
-                dtype=cfg.rollout.dtype or cfg.model.dtype, seed=seed, trust_remote_code=cfg.model.trust_remote_code)
+                dtype=cfg.rollout.dtype or cfg.model.dtype, seed=seed, trust_remote_code=cfg.model.trust_remote_code,
+                **weight_group_engine_kwargs(cfg))
 
 
 def make_generator(cfg: Config, seed: int) -> Generator:
@@ -46,7 +48,7 @@ def make_generator(cfg: Config, seed: int) -> Generator:
                        trust_remote_code=cfg.model.trust_remote_code)
 
 
-class RolloutWorker:
+class RolloutWorker(WeightGroupMember):
     def __init__(self, cfg: Config, rank: int = 0):
         self.cfg = cfg
         self.rank = rank
@@ -56,8 +58,7 @@ class RolloutWorker:
         self.merger: LoraMerger | None = None  # rollout.adapter_mode merged: the base weights
         self._asleep = False  # colocated on GPU: weights and KV cache released for the learner
         self.transport = make_transport(cfg)
-        r = cfg.rollout  # the single-turn environment is the plain generate path
-        self.make_env = None if r.env == "single_turn" else env_factory(r.env, r.env_kwargs)
+        self.envs = EnvSource.from_config(cfg.rollout)  # None: single turn, the plain generate path
 
     # -- lifecycle -------------------------------------------------------------------------
     def setup(self, peers_on_node: int = 1, index_on_node: int = 0, learners_on_node: int = 0) -> dict[str, Any]:
@@ -113,9 +114,9 @@ class RolloutWorker:
         ``(seed, 0, record id)``; with neither, the engine's own random stream is used."""
         assert self.engine is not None, "call setup() first"
         spec, seeds, ids = self._prepare(prompts, n, temperature, seed, keys)
-        if self.make_env is not None:  # a multi-turn environment: trajectories, token in, token out
-            return run_trajectories(self.engine, prompts, ids, spec, seeds, self.make_env, self.cfg.rollout.max_turns,
-                                    self.cfg.model.max_model_len, self.version)
+        if self.envs is not None:  # a multi-turn environment: trajectories, token in, token out
+            return run_trajectories(self.engine, prompts, ids, spec, seeds, self.envs, self.cfg.model.max_model_len,
+                                    self.version)
         samples = self.engine.generate(ids, spec, seeds=seeds)
         return [self._group(rec, pids, outs, self.version) for rec, pids, outs in zip(prompts, ids, samples)]
 

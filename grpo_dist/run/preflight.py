@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from grpo_dist.config import Config, ConfigError, dump_config
-from grpo_dist.envs.base import env_factory
+from grpo_dist.envs.registry import check_envs, env_factory
 from grpo_dist.reward.columns import PIPELINE_COLUMNS, check_rewards, plan_eval
 from grpo_dist.types import PROMPT_MESSAGES
 
@@ -76,6 +76,10 @@ def check(cfg: Config, log_fn: Callable[[str], None] = print) -> Checked:
             if split == "train" or not plan_eval(rewards, records).used:
                 _check_columns(records, rewards, key_name, source)
     tokenizer = check_model(cfg)
+    try:  # multi-turn: the environments the records name, and a prefix-preserving chat template
+        check_envs(cfg.rollout, tokenizer, list(train or []) + list(evals or []))
+    except ValueError as e:
+        raise ConfigError(f"rollout.env: {_first_line(e)}") from None
     room = cfg.model.max_model_len - cfg.rollout.max_tokens
     limit = cfg.data.max_prompt_tokens or room
     out = Checked(train=train, evals=evals, max_prompt_tokens=limit)
@@ -90,15 +94,17 @@ def check(cfg: Config, log_fn: Callable[[str], None] = print) -> Checked:
         else:
             out.evals = kept
     out.reward_columns = {name: sorted(cols) for name, (_, cols) in rewards.items()}
-    _CACHE[key] = out
+    _CACHE[key] = _CACHE[dump_config(cfg)] = out  # also as prepare_model left it (pkg: -> converted dir)
     return out
 
 
 def _cache_key(cfg: Config) -> str:
     """What the checks depend on: not the run's identity (``trainer.run_id``, the absolute
     ``output_dir`` the run resolves), so the CLI's check and the run's start share one result."""
-    c = cfg.model_copy(deep=True)
-    c.trainer.run_id, c.output_dir, c.checkpoint.dir = None, "", None
+    # model_copy(update=...) does not validate: an assignment would (full weights with a shared_dir
+    # need output_dir inside it, and output_dir is blanked here)
+    c = cfg.model_copy(deep=True, update={"output_dir": "", "trainer": cfg.trainer.model_copy(update={"run_id": None}),
+                                          "checkpoint": cfg.checkpoint.model_copy(update={"dir": None})})
     return dump_config(c)
 
 

@@ -17,7 +17,7 @@ log = logging.getLogger("grpo_dist")
 def prepare_model(cfg: Config, log_fn=print) -> None:
     """Check ``model.path``; fetch a hub model id into the HF cache (grpo_dist/hub.py); generate
     the local tiny model there if asked to and missing."""
-    from grpo_dist.hub import fetch_model, is_hub_id
+    from grpo_dist.hub import fetch_model, is_hub_id, is_model_source
 
     path = Path(cfg.model.path)
     if (path / "config.json").is_file():
@@ -25,9 +25,12 @@ def prepare_model(cfg: Config, log_fn=print) -> None:
     spec = cfg.model.make_if_missing
     if spec is None and is_hub_id(cfg.model.path):
         try:
-            fetch_model(cfg.model.path, log_fn)
+            local = fetch_model(cfg.model.path, log_fn)
         except ValueError as e:
             raise ConfigError(f"model.path: {e}") from None
+        if is_model_source(cfg.model.path):  # pkg:/GGUF: every role reads the converted directory
+            log_fn(f"model.path {cfg.model.path} -> {local} (converted from GGUF; see {local}/SOURCE.json)")
+            cfg.model.path = str(local)
         return
     if spec is None:
         raise ConfigError(f"model.path: no model at {path} (no config.json); set model.make_if_missing or run "

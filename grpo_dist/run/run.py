@@ -32,7 +32,7 @@ from grpo_dist.run.inputs import resolve_inputs
 from grpo_dist.run.outputs import resolve_outputs, resume_command, resume_hint, write_run_files, write_summary
 from grpo_dist.run.prepare import make_monitor
 from grpo_dist.run.workers import Workers, start_workers
-from grpo_dist.sync.weight_sync import WeightSync
+from grpo_dist.sync.collective import make_weight_sync
 
 
 class TrainingError(RuntimeError):
@@ -84,7 +84,7 @@ class Run:
         self.workers, self.info = start_workers(cfg)
         print(f"actors ready in {time.perf_counter() - t0:.0f} s", flush=True)
         w = self.workers
-        self.sync = WeightSync(allow_newer=cfg.rollout.streaming)
+        self.sync = make_weight_sync(cfg)
         self.recovery = Recovery(cfg, w, on_replace=self.sync.on_replace)
         self.sync.setup(w.learner, w.rollout, self.recovery)
         self.rollouts = RolloutManager(cfg, w.rollout, w.reward, self.recovery, stream)

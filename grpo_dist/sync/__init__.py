@@ -12,7 +12,8 @@ def make_transport(cfg) -> WeightTransport:
     """``cfg``: the whole config. The filesystem transport writes under
     ``<cluster.shared_dir>/<trainer.run_id>/sync`` (a directory every node sees, one per run)."""
     s = cfg.sync
-    if s.transport == "object_store":
+    if s.transport in ("object_store", "collective"):  # collective: the group carries the training
+        # versions (sync/collective.py); a payload still travels the object store (load_update)
         return ObjectStoreTransport()
     if s.transport == "filesystem":
         if not cfg.cluster.shared_dir or not cfg.trainer.run_id:

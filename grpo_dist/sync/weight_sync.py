@@ -125,7 +125,10 @@ class WeightSync:
             return self.engines.get([self._engine_half(a, self._payload) for a in self.engines.actors])
 
         results = self.recovery.run(load_all) if self.recovery is not None else load_all()
-        versions = {r["version"] for r in results}
+        return self._restored({r["version"] for r in results})
+
+    def _restored(self, versions: set[int]) -> int:
+        """The one version every party answered after a restore becomes the sync's (and listeners hear it)."""
         if len(versions) != 1:
             raise ClusterError(f"rollout workers disagree on the restored weight version: {sorted(versions)}", "rollout")
         self.version = versions.pop()

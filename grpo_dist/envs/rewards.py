@@ -1,0 +1,23 @@
+"""Reward functions over the columns a multi-turn rollout adds (grpo_dist/rollout/turns.py).
+
+Name them in ``reward.functions`` as ``fn: grpo_dist.envs.rewards:<function>``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+
+def env_reward(prompts: Sequence[Any], completions: Sequence[Any], env_reward: Sequence[Any] | None = None,
+               **kwargs: Any) -> list[float]:
+    """The environment's own reward (its step rewards summed, or what ``finish`` returned); 0.0
+    where it gave none."""
+    values = list(env_reward) if env_reward is not None else [None] * len(completions)
+    return [float(v) if v is not None else 0.0 for v in values]
+
+
+def tool_errors_penalty(prompts: Sequence[Any], completions: Sequence[Any], tool_errors: Sequence[Any] | None = None,
+                        **kwargs: Any) -> list[float]:
+    """Minus the number of failed or malformed tool calls of each trajectory (weight it small)."""
+    values = list(tool_errors) if tool_errors is not None else [0] * len(completions)
+    return [-float(v or 0) for v in values]

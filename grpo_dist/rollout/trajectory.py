@@ -1,0 +1,232 @@
+"""One multi-turn trajectory: its token pieces, its limits, its environment calls, its Rollout.
+
+Shared by the lock-step loop (grpo_dist/rollout/turns.py, the batch worker) and the per-trajectory
+loop (grpo_dist/rollout/turns_async.py, vLLM's async engine): the same ids, masks, stop reasons
+and columns whichever loop ran it. See turns.py for the contract.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpo_dist.envs.base import COUNTERS, Env, EnvLimits, EnvStep, acall
+from grpo_dist.envs.chat import (MessageEncoder, cap_tool_messages, encode_opening, first_difference, has_template,
+                                 opening_messages, render)
+from grpo_dist.rollout.base import Sample, SamplingSpec
+from grpo_dist.types import Rollout
+
+log = logging.getLogger("grpo_dist.rollout")
+_MASK63 = (1 << 63) - 1
+_ENCODERS: dict[int, MessageEncoder] = {}
+_WARNED: set[str] = set()
+
+
+@dataclass
+class Trajectory:
+    record: Any
+    prompt_ids: list[int]
+    seed: int | None
+    env: Env
+    messages: list[dict[str, Any]] | None  # the conversation so far (None: the record's rendered prompt)
+    started: float = field(default_factory=time.monotonic)
+    ids: list[int] = field(default_factory=list)  # everything after the prompt
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    turns: int = 0
+    stop_reason: str | None = None
+    counters: dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in COUNTERS})
+    reward: float | None = None
+    sanity_diff: int | None = None
+    tools: list[dict[str, Any]] | None = None  # schemas the opening passed through the template's tools=
+
+    def add(self, ids: list[int], logprobs: list[float] | None) -> None:
+        self.ids += ids
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self.mask += [1 if logprobs is not None else 0] * len(ids)
+
+    def note(self, step: EnvStep) -> None:
+        for k in COUNTERS:
+            v = step.info.get(k)
+            if isinstance(v, (int, float)):
+                self.counters[k] += float(v)
+        if step.reward is not None:
+            self.reward = (self.reward or 0.0) + float(step.reward)
+
+    def take(self, sample: Sample, m: int, spec: SamplingSpec, lim: EnvLimits, tok: Any) -> tuple[str | None, str, str]:
+        """Append a sampled turn (limit ``m``); returns why it was cut (or None), its text for the
+        environment (special tokens skipped) and its text as the conversation holds it (only the
+        end-of-turn token left out: what a faithful re-render of the history puts there)."""
+        self.add(list(sample.token_ids), list(sample.logprobs))
+        self.turns += 1
+        cut = None
+        if sample.finish_reason == "length":
+            cut = ("length" if m == spec.max_tokens else
+                   "budget" if lim.max_total_tokens is not None and len(self.ids) >= lim.max_total_tokens
+                   else "context")
+        return cut, tok.decode(sample.token_ids, skip_special_tokens=True), said(tok, sample.token_ids)
+
+    def advance(self, cut: str | None, said_text: str, answer: Any, lim: EnvLimits, tok: Any, encode: MessageEncoder,
+                max_model_len: int) -> bool:
+        """After the environment answered (an EnvStep, or "timeout" / "env_error"): set the stop
+        reason, or append its messages as tokens (mask 0); True if the trajectory goes on."""
+        if isinstance(answer, EnvStep):
+            self.note(answer)
+        self.stop_reason = why_stop(self, cut, answer, lim)
+        if self.stop_reason is not None:
+            return False
+        msgs, n_cut = cap_tool_messages(tok, answer.messages, lim.max_tool_result_tokens)
+        self.counters["tool_truncated"] += n_cut
+        extra = encode(msgs, self.ids[-1] if self.ids else None)
+        if lim.max_total_tokens is not None and len(self.ids) + len(extra) >= lim.max_total_tokens:
+            self.stop_reason = "budget"
+        elif len(self.prompt_ids) + len(self.ids) + len(extra) >= max_model_len:
+            self.stop_reason = "context"
+        else:
+            self.add(extra, None)
+            if self.messages is not None:
+                self.messages += [{"role": "assistant", "content": said_text}] + msgs
+            return True
+        return False
+
+
+def encoder_for(tokenizer: Any) -> MessageEncoder:
+    """One encoder per tokenizer (its template checked once: TemplateError if unusable)."""
+    enc = _ENCODERS.get(id(tokenizer))
+    if enc is None or enc.tok is not tokenizer:
+        enc = _ENCODERS[id(tokenizer)] = MessageEncoder(tokenizer)
+    return enc
+
+
+def turn_seed(seed: int | None, turn: int) -> int | None:
+    """Turn 0 samples with the sample's own seed (a one-turn trajectory is today's completion);
+    later turns with seeds derived from it."""
+    if seed is None or turn == 0:
+        return seed
+    return (seed * 6364136223846793005 + turn * 1442695040888963407) & _MASK63
+
+
+def open_trajectory(tok: Any, record: Any, prompt_ids: list[int], seed: int | None, env: Env,
+                    opening: Any) -> Trajectory:
+    """A trajectory from its environment's opening (None: the record's prompt ids; an exception:
+    already ended as env_error)."""
+    if isinstance(opening, BaseException):
+        return Trajectory(record, list(prompt_ids), seed, env, None, stop_reason="env_error")
+    if opening is None:
+        return Trajectory(record, list(prompt_ids), seed, env, None)
+    schemas, parser = getattr(env, "tools", None), getattr(env, "parser", None)
+    ids = encode_opening(tok, opening, schemas, parser)
+    msgs, tools = opening_messages(tok, opening, schemas, parser) if has_template(tok) else (None, None)
+    return Trajectory(record, ids, seed, env, msgs, tools=tools)
+
+
+def turn_spec(t: Trajectory, spec: SamplingSpec, lim: EnvLimits, max_model_len: int) -> SamplingSpec:
+    """The next turn's sampling: ``rollout.max_tokens`` within the budget and the context, the
+    stop strings plus the environment's (a parser's ``</tool_call>``)."""
+    m = min(spec.max_tokens, max_model_len - len(t.prompt_ids) - len(t.ids))
+    if lim.max_total_tokens is not None:
+        m = min(m, lim.max_total_tokens - len(t.ids))
+    stop = list(dict.fromkeys(list(spec.stop) + list(getattr(t.env, "stop", None) or [])))
+    return SamplingSpec(n=1, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k, max_tokens=max(1, m),
+                        stop=stop)
+
+
+async def reset(env: Env, record: Any):
+    try:
+        return await acall(env.reset, record)
+    except Exception as e:  # noqa: BLE001 - the trajectory ends as env_error, the run goes on
+        warn_once("reset", f"environment {type(env).__name__}.reset raised: {traceback.format_exc()}")
+        return e
+
+
+def expired(t: Trajectory, lim: EnvLimits) -> bool:
+    return lim.trajectory_timeout_s is not None and time.monotonic() - t.started >= lim.trajectory_timeout_s
+
+
+async def step(t: Trajectory, text: str, lim: EnvLimits) -> Any:
+    """The environment's answer; "timeout" past the trajectory's wall clock; "env_error"."""
+    left = None if lim.trajectory_timeout_s is None else max(0.0, lim.trajectory_timeout_s - (time.monotonic() - t.started))
+    try:
+        return await asyncio.wait_for(acall(t.env.step, text), left)
+    except asyncio.TimeoutError:
+        return "timeout"
+    except Exception:  # noqa: BLE001 - the trajectory ends as env_error, the run goes on
+        warn_once("step", f"environment {type(t.env).__name__}.step raised: {traceback.format_exc()}")
+        return "env_error"
+
+
+def why_stop(t: Trajectory, cut: str | None, answer: Any, lim: EnvLimits) -> str | None:
+    if isinstance(answer, str):
+        return answer
+    if cut is not None:  # a cut turn ends the trajectory as truncated, whatever the environment made of it
+        return cut
+    if answer.done:
+        return "done"
+    if t.turns >= lim.max_turns:
+        return "max_turns"
+    return None
+
+
+async def finish(t: Trajectory, timeout: float | None) -> None:
+    """The environment's ``finish(stop_reason)`` hook, once: a number returned is its reward."""
+    fin = getattr(t.env, "finish", None)
+    if fin is None:
+        return
+    try:
+        r = await asyncio.wait_for(acall(fin, t.stop_reason), timeout)
+    except Exception:  # noqa: BLE001
+        warn_once("finish", f"environment {type(t.env).__name__}.finish raised: {traceback.format_exc()}")
+        return
+    if r is not None:
+        t.reward = float(r)
+
+
+def to_rollout(tok: Any, t: Trajectory, version: int, check: bool) -> Rollout:
+    if check:
+        t.sanity_diff = sanity(tok, t)
+    cols = dict(t.record.columns)
+    cols.update(stop_reason=t.stop_reason, truncated=t.stop_reason != "done", turns=t.turns, env_reward=t.reward,
+                **{k: int(v) for k, v in t.counters.items()})
+    if t.sanity_diff is not None:
+        cols["env_sanity_diff"] = t.sanity_diff
+    return Rollout(prompt_id=t.record.id, prompt=t.record.prompt, prompt_ids=t.prompt_ids,
+                   completion=tok.decode(t.ids, skip_special_tokens=True), completion_ids=t.ids,
+                   logprobs=t.logprobs, finish_reason="stop" if t.stop_reason == "done" else "length",
+                   adapter_version=version, columns=cols, loss_mask=t.mask, turns=t.turns, stop_reason=t.stop_reason)
+
+
+def sanity(tok: Any, t: Trajectory) -> int:
+    """First index where prompt + built ids differ from a full re-render (-1: none): the whole
+    conversation through the chat template where the environment opened it, else the decoded text
+    tokenized again."""
+    built = t.prompt_ids + t.ids
+    if t.messages is not None:
+        msgs = list(t.messages)
+        if t.mask and t.mask[-1] == 1:  # the last turn, not followed by environment messages yet
+            last = len(t.mask) - t.mask[::-1].index(0) if 0 in t.mask else 0
+            msgs.append({"role": "assistant", "content": said(tok, t.ids[last:])})
+        text = render(tok, msgs, tools=t.tools)
+        ref = tok(text, add_special_tokens=False)["input_ids"]
+    else:
+        ref = tok(tok.decode(built, skip_special_tokens=False), add_special_tokens=False)["input_ids"]
+    at = first_difference(built, ref)
+    if at >= 0:
+        warn_once("sanity", f"rollout.env_sanity: built ids differ from a full re-render at token {at} of "
+                   f"{len(built)}: built {tok.decode(built[at:at + 5])!r} vs re-rendered {tok.decode(ref[at:at + 5])!r} "
+                   f"(the re-render would train on other tokens than the ones sampled)")
+    return at
+
+
+def said(tok: Any, ids: list[int]) -> str:
+    eos = getattr(tok, "eos_token_id", None)
+    return tok.decode(ids[:-1] if ids and ids[-1] == eos else ids)
+
+
+def warn_once(key: str, msg: str) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        log.warning(msg)

@@ -1,0 +1,63 @@
+"""Multi-turn trajectories one coroutine each, on vLLM's async engine (``rollout.streaming`` with
+an environment).
+
+Each trajectory advances on its own: a turn is one engine request
+(:meth:`AsyncVLLMGenerator.generate_group` with n=1 and the turn's seed), then its environment's
+``step``, then the next request. The engine batches whatever requests are in flight, so a
+trajectory waiting on a tool (or a long one) holds back no other. Ids, masks, limits, stop
+reasons and columns are those of the lock-step loop (grpo_dist/rollout/trajectory.py): with the
+same seeds, the same tokens. ``trajectory_timeout_s`` also bounds a turn's generation here.
+
+A trajectory's ``adapter_version`` is the oldest version any of its turns ran with (weights may
+change between turns; each token's behaviour log-prob is that of the version that sampled it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from grpo_dist.envs.registry import EnvSource
+from grpo_dist.rollout.base import SamplingSpec
+from grpo_dist.rollout.trajectory import (Trajectory, encoder_for, expired, finish, open_trajectory, reset, step,
+                                          to_rollout, turn_seed, turn_spec)
+from grpo_dist.types import RolloutGroup
+
+
+async def run_group_async(engine: Any, record: Any, prompt_ids: list[int], spec: SamplingSpec,
+                          seeds: list[int] | None, source: EnvSource, max_model_len: int,
+                          min_version: int = 0) -> RolloutGroup:
+    """``spec.n`` trajectories of ``record`` (``seeds[j]``: trajectory j's), concurrently."""
+    tok = engine.tokenizer
+    done = await asyncio.gather(*(run_trajectory(engine, record, prompt_ids, spec, None if seeds is None else seeds[j],
+                                                 source, max_model_len, min_version) for j in range(spec.n)))
+    return RolloutGroup(prompt_id=record.id, rollouts=[to_rollout(tok, t, v, source.limits.sanity) for t, v in done])
+
+
+async def run_trajectory(engine: Any, record: Any, prompt_ids: list[int], spec: SamplingSpec, seed: int | None,
+                         source: EnvSource, max_model_len: int, min_version: int = 0) -> tuple[Trajectory, int]:
+    """One trajectory to its end; returns it and the oldest adapter version its turns ran with."""
+    tok, lim = engine.tokenizer, source.limits
+    encode = encoder_for(tok)
+    env = source.make(record)
+    t = open_trajectory(tok, record, prompt_ids, seed, env, await reset(env, record))
+    versions: list[int] = []
+    while t.stop_reason is None:
+        if expired(t, lim):
+            t.stop_reason = "timeout"
+            break
+        one = turn_spec(t, spec, lim, max_model_len)
+        left = None if lim.trajectory_timeout_s is None else lim.trajectory_timeout_s - (time.monotonic() - t.started)
+        try:
+            samples, version = await asyncio.wait_for(
+                engine.generate_group(t.prompt_ids + t.ids, one, None if t.seed is None else [turn_seed(t.seed, t.turns)],
+                                      min_version), left)
+        except asyncio.TimeoutError:  # the request is cancelled (vLLM aborts it)
+            t.stop_reason = "timeout"
+            break
+        versions.append(version)
+        cut, text, said = t.take(samples[0], one.max_tokens, spec, lim, tok)
+        t.advance(cut, said, await step(t, text, lim), lim, tok, encode, max_model_len)
+    await finish(t, lim.tool_timeout_s)
+    return t, min(versions) if versions else int(getattr(engine, "version", 0))
