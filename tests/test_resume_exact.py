@@ -1,5 +1,6 @@
-"""Exact resume: the driver is killed with SIGKILL mid-run, `--checkpoint.resume auto` continues,
-and the steps after the checkpoint equal those of an uninterrupted run.
+"""Exact resume: the driver is killed with SIGKILL mid-run (or stopped with SIGINT, which saves
+first), `--checkpoint.resume auto` continues, and the steps after the checkpoint equal those of one
+uninterrupted run (shared by both tests).
 
 Through the CLI, as a user runs it (local Ray, DeepSpeed learner, transformers rollout backend for
 speed, W&B offline), with LoRA dropout 0.1. Sampling seeds are a function of (seed, step, prompt,
@@ -45,25 +46,41 @@ def same(a: dict, b: dict) -> list[str]:
     return sorted(k for k in keys if a.get(k) != pytest.approx(b.get(k), rel=1e-6, abs=1e-9))
 
 
-@pytest.mark.timeout(900)
-def test_sigkilled_driver_resumes_exactly(pretrained_model_dir, tmp_path):
-    # as from a user's shell: not attached to a W&B service that this pytest process may have
-    # started (WANDB_SERVICE is inherited; the killed driver's run would stay "in use" there)
+def user_env() -> dict[str, str]:
+    """As from a user's shell: not attached to a W&B service that this pytest process may have
+    started (WANDB_SERVICE is inherited; a killed driver's run would stay "in use" there)."""
     env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
     env["WANDB_MODE"] = "offline"
-    whole = tmp_path / "whole"
-    subprocess.run(args(pretrained_model_dir, whole), env=env, check=True, capture_output=True, timeout=600)
+    return env
 
+
+@pytest.fixture(scope="module")
+def whole(pretrained_model_dir, tmp_path_factory) -> Path:
+    """The uninterrupted run both tests compare with (one run for the module)."""
+    out = tmp_path_factory.mktemp("whole") / "run"
+    subprocess.run(args(pretrained_model_dir, out), env=user_env(), check=True, capture_output=True, timeout=600)
+    return out
+
+
+def start_until_step2(model_dir, out: Path, **popen) -> subprocess.Popen:
+    """The driver started in a session of its own, returned once step 2's checkpoint is complete.
+    Every checkpoint is kept, so step 2's stays visible; polled often, as steps take well under a
+    second (session 7: keep 2 and a 0.2 s poll let the run outpace the test)."""
+    drv = subprocess.Popen(args(model_dir, out), env=user_env(), start_new_session=True, **popen)
+    deadline = time.time() + 600
+    while not (out / "checkpoints" / "step_000002" / "trainer_state.json").is_file():
+        if drv.poll() is not None or time.time() >= deadline:
+            drv.kill()
+            raise AssertionError("the run ended (or stalled) before step 2")
+        time.sleep(0.01)
+    return drv
+
+
+@pytest.mark.timeout(900)
+def test_sigkilled_driver_resumes_exactly(pretrained_model_dir, whole, tmp_path):
     out = tmp_path / "killed"
-    drv = subprocess.Popen(args(pretrained_model_dir, out), env=env, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, start_new_session=True)
+    drv = start_until_step2(pretrained_model_dir, out, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 600
-        # every checkpoint is kept, so step 2's stays visible until the kill; polled often, as steps
-        # take well under a second (session 7: keep 2 and a 0.2 s poll let the run outpace the test)
-        while not (out / "checkpoints" / "step_000002" / "trainer_state.json").is_file():
-            assert drv.poll() is None and time.time() < deadline, "the run ended before step 2"
-            time.sleep(0.01)
         drv.send_signal(signal.SIGKILL)  # the driver only, as `kill -9 <pid>` would
         drv.wait()
     finally:
@@ -76,7 +93,8 @@ def test_sigkilled_driver_resumes_exactly(pretrained_model_dir, tmp_path):
     run_id = json.loads((out / "run.json").read_text())["run_id"]
 
     resumed = subprocess.run([sys.executable, "-m", "grpo_dist.cli", "train", "--config", str(out / "config.yaml"),
-                              "--checkpoint.resume", "auto"], env=env, capture_output=True, text=True, timeout=600)
+                              "--checkpoint.resume", "auto"], env=user_env(), capture_output=True, text=True,
+                             timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from step {k} ({out / 'checkpoints' / f'step_{k:06d}'})" in resumed.stdout
 
@@ -91,3 +109,55 @@ def test_sigkilled_driver_resumes_exactly(pretrained_model_dir, tmp_path):
     # one W&B run: the resumed process continued the killed one's run id
     runs = sorted(p.name for p in (out / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and all(r.endswith(run_id) for r in runs), runs
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+@pytest.mark.timeout(900)
+def test_sigint_finishes_the_step_saves_and_resumes_exactly(pretrained_model_dir, whole, tmp_path):
+    """Ctrl-C / SIGTERM, as a user stops a run: the first signal lets the current step finish,
+    saves a checkpoint, prints one line naming the step and the resume command, exits 130 with no
+    traceback and no process of the run left; the resumed run equals the uninterrupted one."""
+    out = tmp_path / "stopped"
+    drv = start_until_step2(pretrained_model_dir, out, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        t0 = time.time()
+        drv.send_signal(signal.SIGINT)  # the driver, as Ctrl-C in its terminal
+        _, err = drv.communicate(timeout=300)
+        stop_s = time.time() - t0
+    finally:
+        if drv.poll() is None:
+            drv.kill()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert drv.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    k = max(int(p.name.split("_")[1]) for p in (out / "checkpoints").glob("step_*")
+            if (p / "trainer_state.json").is_file())
+    assert 2 <= k < STEPS
+    command = f"grpo-dist train --config {out / 'config.yaml'} --checkpoint.resume auto"
+    # the driver's last words (lines the actors logged may be forwarded after them)
+    said = f"interrupted (SIGINT) at step {k} (checkpoint {out / 'checkpoints' / f'step_{k:06d}'}); resume with: {command}"
+    assert said in lines, lines[-5:]
+    assert any(ln.startswith("SIGINT: stopping after step") for ln in lines)
+    print(f"SIGINT -> exit 130 in {stop_s:.1f} s at step {k}")
+    deadline = time.time() + 60  # the run's processes (Ray's included) are gone
+    while _group_alive(drv.pid) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not _group_alive(drv.pid), "a process of the interrupted run is still alive"
+
+    resumed = subprocess.run([sys.executable, "-m", "grpo_dist.cli", "train", "--config", str(out / "config.yaml"),
+                              "--checkpoint.resume", "auto"], env=user_env(), capture_output=True, text=True,
+                             timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from step {k}" in resumed.stdout
+    want, got = history(whole), history(out)
+    assert [h["step"] for h in got] == [float(s) for s in range(1, STEPS + 1)]
+    for a, b in zip(want, got):
+        assert not same(a, b), f"step {a['step']}: {same(a, b)}"
+    assert json.loads((out / "summary.json").read_text())["steps"] == STEPS

@@ -42,13 +42,16 @@ class RolloutManager:
         kept, totals, per_fn, errors, m = [], [], {}, {}, {}
         rounds = seen = 0
         while True:
-            ahead = self.pipeline.take(step) if rounds == 0 else None
-            if ahead is not None:
+            pending = self.pipeline.take(step) if rounds == 0 else None
+            if pending is not None:
                 with timer("generate_wait"):  # what the learner's update did not hide
-                    got: Scored = self.pipeline.scored(ahead)
+                    groups = self.pipeline.collect(pending)
             else:
                 with timer("generate"):
-                    got = self.pipeline.generate(step, *self.draw(want - len(kept), step))
+                    pending = self.pipeline.submit(step, *self.draw(want - len(kept), step), queue=False)
+                    groups = self.pipeline.collect(pending)
+            with timer("score"):  # streaming: each group was scored as it finished (collected with it)
+                got: Scored = self.pipeline.score(pending, groups)
             m.update(got.metrics)
             scores = got.scores
             seen += len(got.groups)

@@ -128,14 +128,13 @@ class RolloutPipeline:
                 c.done = True
             return dispatch.merge_in_order([(c.lo, part) for c, part in zip(p.chunks, parts)])
 
-    def scored(self, p: Pending) -> Scored:
-        """A batch's groups (:meth:`collect`) and their scores (sharded over the reward actors)."""
-        groups = self.collect(p)
+    def score(self, p: Pending, groups: list[RolloutGroup]) -> Scored:
+        """The scores of a collected batch (sharded over the reward actors)."""
         return Scored(groups, self.recovery.run(dispatch.score, self.reward, groups))
 
-    def generate(self, step: int, records: list, keys: list) -> Scored:
-        """Generate now (not queued), wait and score: the on-policy path and dynamic-sampling refills."""
-        return self.scored(self.submit(step, records, keys, queue=False))
+    def scored(self, p: Pending) -> Scored:
+        """A batch's groups (:meth:`collect`) and their scores (:meth:`score`)."""
+        return self.score(p, self.collect(p))
 
     def data_before(self) -> dict | None:
         """The stream position before every prompt submitted and not yet trained on (None: none)."""

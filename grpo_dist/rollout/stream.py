@@ -47,6 +47,7 @@ class Pending:
     keys: list
     data_before: dict | None
     items: list[Item] = field(default_factory=list)
+    result: Scored | None = None  # groups and scores, once collected
 
 
 class BufferFull(RuntimeError):
@@ -108,9 +109,10 @@ class StreamPipeline(RolloutPipeline):
         item.score = item.reward_actor.score_group.remote(item.gen)
 
     # -- collection --------------------------------------------------------------------------
-    def scored(self, p: Pending) -> Scored:
-        """Wait for a batch's groups and scores (in prompt order). Metrics: how many groups were
-        scored before the batch's last group finished generating, the engine of each group."""
+    def collect(self, p: Pending) -> list:
+        """Wait for a batch's groups and their scores (in prompt order); the scores wait in ``p``
+        for :meth:`score`. Metrics: how many groups were scored before the batch's last group
+        finished generating, the engine of each group."""
         while True:
             for j, it in enumerate(p.items):
                 if it.actor is not self.rollout.actors[it.rank]:  # its engine was replaced meanwhile
@@ -132,7 +134,12 @@ class StreamPipeline(RolloutPipeline):
              "rollout/score_lag_s": max(max(0.0, s - g) for (_, g), (_, s) in zip(gens, scored)),
              "rollout/engines_used": float(len(set(ranks)))}
         m.update({f"rollout/groups_on_engine/{r}": float(ranks.count(r)) for r in sorted(set(ranks))})
-        return Scored([g for g, _ in gens], dispatch.merge_scores([s for s, _ in scored]), m)
+        p.result = Scored([g for g, _ in gens], dispatch.merge_scores([s for s, _ in scored]), m)
+        return p.result.groups
+
+    def score(self, p: Pending, groups: list) -> Scored:
+        """The scores :meth:`collect` gathered (each group was scored as it finished)."""
+        return p.result
 
     def on_version(self, version: int) -> None:
         """Every engine serves ``version`` to the groups sent from now on (its load was just sent)."""
