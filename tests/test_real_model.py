@@ -128,7 +128,8 @@ def learner(smollm2_dir, in_process_learners):
     cfg = small_config(smollm2_dir, rollout={"temperature": 1.0}, learner={"micro_batch_size": 8})
     cfg.model.max_model_len = 1024
     lrn, _ = make_learner(cfg)
-    return lrn
+    yield lrn
+    lrn.shutdown()  # frees the real model's memory before the modules after this one
 
 
 def test_vllm_and_learner_logprobs_agree_on_prompts_of_very_different_lengths(worker, learner):
