@@ -142,3 +142,25 @@ def test_lora_adapters_over_the_group_merged_in_the_engine(ray_cluster, pretrain
         assert max(diffs) < 1e-3 and to_base > 1e-2
     finally:
         run.close()
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_pipelined_and_streaming_engines_load_over_the_group(ray_cluster, pretrained_model_dir, tmp_path, streaming):
+    """trainer.max_staleness 1: a push is not awaited (the learner's broadcast waits for the engines
+    to finish the batch generating ahead, then they load). rollout.streaming (async actors, vLLM's
+    AsyncLLM): each load waits for its turn (Ray runs an async actor's calls out of order), drains
+    the running groups, then loads in place. Every engine ends at the learner's version."""
+    import ray
+
+    cfg = _config(pretrained_model_dir, tmp_path, lora={"enabled": False}, rollout={"streaming": streaming},
+                  trainer={"steps": 3, "max_staleness": 1})
+    run, _ = e2e.train_run(cfg, keep=True)
+    try:
+        h = run.history
+        assert [x["sync/version"] for x in h] == [1.0, 2.0, 3.0]
+        assert max(x["rollout/staleness_max"] for x in h) == 1  # generated ahead, with the previous version
+        assert [x["version"] for x in ray.get([a.health.remote() for a in run.workers.rollout.actors])] == [3, 3]
+        diffs, _ = engines_vs_learner(run, pretrained_model_dir)
+        assert max(diffs) < 1e-4
+    finally:
+        run.close()

@@ -46,6 +46,7 @@ class CollectiveSync(WeightSync):
         self.sent: list[tuple[int, Any]] = []  # learner halves (epoch, rank 0's ref) not yet answered
         self.inflight: list[tuple[Any, str, int]] = []  # every call on the group that may still run
         self.learner_done: list[dict] = []
+        self.pushed = False  # a broadcast was issued (engines no longer serve the base model's weights)
 
     @property
     def timeout(self) -> float:
@@ -113,7 +114,7 @@ class CollectiveSync(WeightSync):
         return self._metrics(version, done)
 
     def _issue(self, version: Optional[int]) -> None:
-        self.seq += 1
+        self.seq, self.pushed = self.seq + 1, True
         L, E = self.learners, self.engines
         lrefs = L.call("broadcast_weights", self.seq)  # every rank; rank 0 sends
         self.sent.append((self.epoch, lrefs[0]))
@@ -184,7 +185,7 @@ class CollectiveSync(WeightSync):
     def on_replace(self, rank: int, actor: Any, timeout: float | None = None) -> None:
         """A fresh engine at ``rank``: a new group with it, then the newest weights to every engine
         (it must not generate with the base model's)."""
-        if self._form_group() and self.version > 0:
+        if self._form_group() and self.pushed:
             self._issue(self.version)
             self.settle(block=True)
 
