@@ -110,8 +110,9 @@ class CollectiveSync(WeightSync):
         self._issue(version)
         for fn in self.on_push:
             fn(version)
+        before = len(self.learner_done)
         done = self.settle(block=wait)
-        return self._metrics(version, done)
+        return self._metrics(version, done, self.learner_done[before:])
 
     def _issue(self, version: Optional[int]) -> None:
         self.seq, self.pushed = self.seq + 1, True
@@ -205,10 +206,12 @@ class CollectiveSync(WeightSync):
             fn(self.version)
         return self.version
 
-    def _metrics(self, version: int, done: list[dict]) -> dict[str, float]:
+    def _metrics(self, version: int, done: list[dict], learner: list[dict]) -> dict[str, float]:
+        """``sync/*`` of the broadcasts answered during this push (a push that is not awaited
+        reports the earlier ones that finished meanwhile)."""
         m = {"sync/version": float(version)}
-        if self.learner_done:
-            lr = self.learner_done[-1]
+        if learner:
+            lr = learner[-1]
             m.update({"sync/bytes": float(lr["bytes"]), "sync/learner_seconds": float(lr["seconds"]),
                       "sync/buckets": float(lr["buckets"])})
             if lr.get("peak_extra_bytes") is not None:
