@@ -143,18 +143,19 @@ def measure(model: str, transport: str, engines: int, reps: int) -> dict:
             info = run.info["learner"][0]
         finally:
             run.close()
-    return {"model": model, "transport": transport, "engines": engines, "params": info.get("num_params"),
+    return {"model": model, "transport": transport, "engines": engines, "params": info.get("total_params"),
             "mib": last.get("sync/bytes", 0) / 2**20, "s_per_sync": statistics.mean(secs),
             "s_min": min(secs), "learner_peak_mib": max(learner_peaks) / 2**20,
             "engine_peak_mib": max(engine_peaks) / 2**20, "buckets": last.get("sync/buckets")}
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| model | transport | MiB sent | s/sync (mean) | s/sync (min) | learner extra peak MiB | "
-           "engine extra peak MiB |", "|---|---|---|---|---|---|---|"]
+    out = ["| model | parameters | transport | MiB sent | s/sync (mean) | s/sync (min) | learner extra peak MiB | "
+           "engine extra peak MiB |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r['model']} | {r['transport']} | {r['mib']:.1f} | {r['s_per_sync']:.3f} | {r['s_min']:.3f} | "
-                   f"{r['learner_peak_mib']:.1f} | {r['engine_peak_mib']:.1f} |")
+        params = f"{r['params'] / 1e6:.1f}M" if r.get("params") else "?"
+        out.append(f"| {r['model']} | {params} | {r['transport']} | {r['mib']:.1f} | {r['s_per_sync']:.3f} | "
+                   f"{r['s_min']:.3f} | {r['learner_peak_mib']:.1f} | {r['engine_peak_mib']:.1f} |")
     return "\n".join(out)
 
 
@@ -166,12 +167,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engines", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--retries", type=int, default=2, help="runs started again after the node ran out of memory")
     args = ap.parse_args(argv)
     rows = []
     for model in args.models.split(","):
         for transport in args.transports.split(","):
             t0 = time.perf_counter()
-            rows.append(measure(model, transport, args.engines, args.reps))
+            for attempt in range(args.retries + 1):  # a shared machine: the node may run out of memory
+                try:
+                    rows.append(measure(model, transport, args.engines, args.reps))
+                    break
+                except Exception as e:
+                    if attempt == args.retries or "OutOfMemoryError" not in str(e):
+                        raise
+                    print(f"{model} {transport}: {str(e)[:120]}...; again in 60 s", flush=True)
+                    time.sleep(60)
             print(f"{model} {transport}: {rows[-1]['s_per_sync']:.3f} s/sync ({time.perf_counter() - t0:.0f} s "
                   f"with start-up)", flush=True)
     from grpo_dist.cluster.ray_utils import shutdown_ray

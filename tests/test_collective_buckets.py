@@ -121,3 +121,30 @@ def test_gloo_group_broadcasts_buckets_and_a_dead_member_is_an_error_not_a_hang(
     for p in procs:
         p.join(timeout=30)
     group.close()
+
+
+def test_config_says_what_the_collective_transport_can_carry():
+    from grpo_dist.config import ConfigError, load_config
+    from grpo_dist.rollout.weight_group import EXTENSION, weight_group_engine_kwargs
+    from grpo_dist.sync import nccl_api
+
+    def cfg(**sections):
+        over = {"sync": {"transport": "collective"}, "rollout": {"backend": "vllm"}}
+        for k, v in sections.items():
+            over[k] = {**over.get(k, {}), **v}
+        return load_config(None, over)
+
+    full = cfg(lora={"enabled": False})
+    assert full.sync.bucket_mb == 256 and not nccl_api.uses_nccl(full)
+    assert weight_group_engine_kwargs(full) == {"worker_extension_cls": EXTENSION}
+    assert weight_group_engine_kwargs(cfg(sync={"transport": "object_store"}, lora={"enabled": False})) == {}
+    assert cfg().lora.enabled  # LoRA on CPU engines: merged (auto) in the engine
+    gpu = cfg(lora={"enabled": False}, cluster={"rollout_gpus": 1, "learner_gpus": 1, "num_cpus": None})
+    assert nccl_api.uses_nccl(gpu) and weight_group_engine_kwargs(gpu) == {"weight_transfer_config": {"backend": "nccl"}}
+    for bad, why in [({"rollout": {"backend": "hf"}}, "rollout.backend: vllm"),
+                     ({"rollout": {"adapter_mode": "lora"}}, "merge them"),
+                     ({"cluster": {"rollout_gpus": 1, "num_cpus": None}}, "merge them"),
+                     ({"lora": {"enabled": False}, "cluster": {"rollout_gpus": 1, "learner_gpus": 1, "num_cpus": None,
+                                                               "layout": "colocated"}}, "disaggregated")]:
+        with pytest.raises(ConfigError, match=why):
+            cfg(**bad)

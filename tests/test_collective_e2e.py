@@ -60,6 +60,71 @@ def engines_vs_learner(run, model_dir) -> tuple[list[float], float]:
     return diffs, to_base
 
 
+def test_engine_loads_buckets_in_place_without_ray(tiny_model_dir, tmp_path):
+    """One vLLM engine (RolloutWorker, in this process) joins a group with this process as learner
+    rank 0 and receives another model's weights in 40 KB buckets (the 64 KB embedding in slices):
+    its log-probs then equal HF's of those weights, not of the weights it started with."""
+    import threading
+
+    from safetensors.torch import load_file
+
+    from grpo_dist.config import load_config
+    from grpo_dist.models import make_tiny_model
+    from grpo_dist.rollout.worker import RolloutWorker
+    from grpo_dist.sync.buckets import WeightGroup, make_manifest, pack, plan, send_header
+    from grpo_dist.types import PromptRecord
+    from grpo_dist.util.ports import free_port
+
+    other = tmp_path / "other"
+    make_tiny_model(str(other), size="tiny", seed=1, log=None)
+    cfg = load_config(None, {"model": {"path": str(tiny_model_dir)}, "rollout": {"backend": "vllm", "max_tokens": 6},
+                             "lora": {"enabled": False}, "sync": {"transport": "collective", "timeout_s": 60}})
+    w = RolloutWorker(cfg)
+    w.setup()
+    try:
+        state = load_file(str(other / "model.safetensors"))
+        manifest = make_manifest(state.items(), kind="full", bucket_bytes=40_000)
+        port, box = free_port(), {}
+        opener = threading.Thread(target=lambda: box.setdefault(
+            "group", WeightGroup("127.0.0.1", port, 0, 2, 60, tag="1", bind_ip="127.0.0.1")))
+        opener.start()
+        w.join_weight_group("127.0.0.1", port, 2, 1, 1, manifest)
+        opener.join()
+        group = box["group"]
+
+        def send():
+            send_header(group, [1, 1, 5, len(plan(manifest))])
+            for b in pack(manifest, list(state.values())):
+                group.broadcast(b)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        out = w.receive_weights(1, 1)
+        sender.join()
+        assert out["version"] == 5 == w.version and out["buckets"] == len(plan(manifest)) > 20
+        recs = [PromptRecord(id=i, prompt=f"{i}+{2 * i}=", columns={}) for i in range(3)]
+        rollouts = [r for g in w.generate(recs, n=2, temperature=1.0, seed=3) for r in g.rollouts]
+        diff = {}
+        for name, path in (("loaded", other), ("started", tiny_model_dir)):
+            from transformers import AutoModelForCausalLM
+
+            hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+            d = 0.0
+            with torch.no_grad():
+                for r in rollouts:
+                    ids = torch.tensor([r.prompt_ids + r.completion_ids])
+                    logp = torch.log_softmax(hf(ids).logits[0, :-1].float(), -1)
+                    n = len(r.prompt_ids)
+                    ref = logp[n - 1:].gather(-1, ids[0, n:, None])[:, 0].tolist()
+                    d = max([d] + [abs(a - b) for a, b in zip(r.logprobs, ref)])
+            diff[name] = d
+        print(f"engine vs HF of the loaded weights {diff['loaded']:.1e}, of the ones it started with {diff['started']:.1e}")
+        assert diff["loaded"] < 1e-4 and diff["started"] > 1e-2
+        group.close()
+    finally:
+        w.close()
+
+
 def test_full_weights_over_the_group_and_a_replaced_engine(ray_cluster, pretrained_model_dir, tmp_path):
     import ray
 
@@ -140,5 +205,27 @@ def test_lora_adapters_over_the_group_merged_in_the_engine(ray_cluster, pretrain
         diffs, to_base = engines_vs_learner(run, pretrained_model_dir)
         print(f"LoRA merged: engine vs learner max |dlogp| {[f'{d:.2e}' for d in diffs]}, vs base {to_base:.2e}")
         assert max(diffs) < 1e-3 and to_base > 1e-2
+    finally:
+        run.close()
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_pipelined_and_streaming_engines_load_over_the_group(ray_cluster, pretrained_model_dir, tmp_path, streaming):
+    """trainer.max_staleness 1: a push is not awaited (the learner's broadcast waits for the engines
+    to finish the batch generating ahead, then they load). rollout.streaming (async actors, vLLM's
+    AsyncLLM): each load waits for its turn (Ray runs an async actor's calls out of order), drains
+    the running groups, then loads in place. Every engine ends at the learner's version."""
+    import ray
+
+    cfg = _config(pretrained_model_dir, tmp_path, lora={"enabled": False}, rollout={"streaming": streaming},
+                  trainer={"steps": 3, "max_staleness": 1})
+    run, _ = e2e.train_run(cfg, keep=True)
+    try:
+        h = run.history
+        assert [x["sync/version"] for x in h] == [1.0, 2.0, 3.0]
+        assert max(x["rollout/staleness_max"] for x in h) == 1  # generated ahead, with the previous version
+        assert [x["version"] for x in ray.get([a.health.remote() for a in run.workers.rollout.actors])] == [3, 3]
+        diffs, _ = engines_vs_learner(run, pretrained_model_dir)
+        assert max(diffs) < 1e-4
     finally:
         run.close()

@@ -46,6 +46,7 @@ class CollectiveSync(WeightSync):
         self.sent: list[tuple[int, Any]] = []  # learner halves (epoch, rank 0's ref) not yet answered
         self.inflight: list[tuple[Any, str, int]] = []  # every call on the group that may still run
         self.learner_done: list[dict] = []
+        self.pushed = False  # a broadcast was issued (engines no longer serve the base model's weights)
 
     @property
     def timeout(self) -> float:
@@ -109,11 +110,12 @@ class CollectiveSync(WeightSync):
         self._issue(version)
         for fn in self.on_push:
             fn(version)
+        before = len(self.learner_done)
         done = self.settle(block=wait)
-        return self._metrics(version, done)
+        return self._metrics(version, done, self.learner_done[before:])
 
     def _issue(self, version: Optional[int]) -> None:
-        self.seq += 1
+        self.seq, self.pushed = self.seq + 1, True
         L, E = self.learners, self.engines
         lrefs = L.call("broadcast_weights", self.seq)  # every rank; rank 0 sends
         self.sent.append((self.epoch, lrefs[0]))
@@ -184,7 +186,7 @@ class CollectiveSync(WeightSync):
     def on_replace(self, rank: int, actor: Any, timeout: float | None = None) -> None:
         """A fresh engine at ``rank``: a new group with it, then the newest weights to every engine
         (it must not generate with the base model's)."""
-        if self._form_group() and self.version > 0:
+        if self._form_group() and self.pushed:
             self._issue(self.version)
             self.settle(block=True)
 
@@ -198,10 +200,12 @@ class CollectiveSync(WeightSync):
         learner = self.learner_done[-1] if self.learner_done else {}
         return self._restored({r["version"] for r in results} | ({learner["version"]} if "version" in learner else set()))
 
-    def _metrics(self, version: int, done: list[dict]) -> dict[str, float]:
+    def _metrics(self, version: int, done: list[dict], learner: list[dict]) -> dict[str, float]:
+        """``sync/*`` of the broadcasts answered during this push (a push that is not awaited
+        reports the earlier ones that finished meanwhile)."""
         m = {"sync/version": float(version)}
-        if self.learner_done:
-            lr = self.learner_done[-1]
+        if learner:
+            lr = learner[-1]
             m.update({"sync/bytes": float(lr["bytes"]), "sync/learner_seconds": float(lr["seconds"]),
                       "sync/buckets": float(lr["buckets"])})
             if lr.get("peak_extra_bytes") is not None:
