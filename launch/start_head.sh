@@ -12,8 +12,9 @@
 #     unless RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: this script sets it for this case.
 #   - RAY_NODE_IP or --node-ip-address ADDR (the cluster's private network, never a public one):
 #     nodes join at ADDR; Ray then listens on all interfaces for the GCS, the raylet and the
-#     dashboard agent's gRPC and metrics ports (it has no option to bind them to one address): the
-#     token guards them, and a firewall should admit only the private network.
+#     dashboard agent's gRPC and metrics ports, and the dashboard's and the autoscaler's metrics
+#     ports (DASHBOARD_METRIC_PORT, default 44227; AUTOSCALER_METRIC_PORT, 44217): it has no option to bind them to one address; the
+#     token guards the RPC ports, and a firewall should admit only the private network.
 # * The dashboard and job server bind to 127.0.0.1 (RAY_DASHBOARD_HOST to change): reach them
 #   through an SSH tunnel, `ssh -N -L 8265:127.0.0.1:8265 user@head`.
 # * Every process it starts is recorded in a pid file ($GRPO_DIST_PID_DIR, default
@@ -70,7 +71,8 @@ dashboard and job server on $dash_host:$dash_port
 EOF
 if [ "$node_ip" != "127.0.0.1" ]; then
   echo "note: with a node address other than 127.0.0.1, Ray listens on all interfaces for the GCS (port $port)," \
-       "the raylet, and the dashboard agent's gRPC and metrics ports; the token guards them; let a firewall admit" \
+       "the raylet, the dashboard agent's gRPC and metrics ports, the dashboard's and the autoscaler's metrics ports" \
+       "(DASHBOARD_METRIC_PORT, default 44227; AUTOSCALER_METRIC_PORT, 44217); the token guards the RPC ports; let a firewall admit" \
        "only the cluster's private network (README: Security: running a cluster)" >&2
 fi
 if [ "$dash_host" != "127.0.0.1" ] && [ "$dash_host" != "localhost" ]; then

@@ -70,7 +70,7 @@ def node_ports(head: bool) -> dict[str, int]:
     shared machine), and 20 worker ports."""
     names = ["node_manager", "object_manager", "agent_http", "agent_grpc", "runtime_env", "metrics", "workers"]
     if head:
-        names += ["gcs", "dashboard", "client"]
+        names += ["gcs", "dashboard", "client", "autoscaler_metrics", "dashboard_metrics"]
     return {n: free_port() for n in names}
 
 
@@ -86,7 +86,9 @@ def port_args(p: dict[str, int]) -> list[str]:
 
 def start_head(home: Path, *args: str, node_ip: str | None = None, **env: str) -> Node:
     ports = node_ports(head=True)
-    e = user_env(home, RAY_PORT=str(ports["gcs"]), RAY_DASHBOARD_PORT=str(ports["dashboard"]), **env)
+    e = user_env(home, RAY_PORT=str(ports["gcs"]), RAY_DASHBOARD_PORT=str(ports["dashboard"]),
+                 AUTOSCALER_METRIC_PORT=str(ports["autoscaler_metrics"]),
+                 DASHBOARD_METRIC_PORT=str(ports["dashboard_metrics"]), **env)
     cmd = ["bash", "launch/start_head.sh", "--num-cpus", "2", *port_args(ports), *args]
     if node_ip:
         cmd += ["--node-ip-address", node_ip]

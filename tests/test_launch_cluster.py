@@ -61,7 +61,8 @@ def test_default_head_listens_on_loopback_only_and_stops_exactly_its_processes(t
         by_port = {port: host for host, port, _ in listening}
         p = head.ports
         for name in ("gcs", "dashboard", "client", "node_manager", "object_manager", "agent_http", "agent_grpc",
-                     "runtime_env", "metrics"):  # each port the README lists, as chosen by its flag
+                     "runtime_env", "metrics", "autoscaler_metrics",
+                     "dashboard_metrics"):  # each port the README lists, as chosen by its flag
             assert p[name] in by_port, (name, listening)
         assert any(p["workers"] <= port <= p["workers"] + 20 for port in by_port), listening  # the actor's worker
         assert {host for host, _, _ in listening} <= LOOPBACK, listening  # not the host's address, not *
@@ -92,7 +93,8 @@ def test_private_address_head_and_worker_listen_as_documented_and_stop_one_by_on
     try:
         assert "Ray listens on all interfaces" in head.out
         p = head.ports
-        wildcard_ok = {p["gcs"], p["node_manager"], p["object_manager"], p["agent_grpc"], p["metrics"]}
+        wildcard_ok = {p["gcs"], p["node_manager"], p["object_manager"], p["agent_grpc"], p["metrics"],
+                       p["autoscaler_metrics"], p["dashboard_metrics"]}
         for host, port, name in head.listening():
             if host in ANY:
                 assert port in wildcard_ok, (host, port, name)  # the README's list, nothing else

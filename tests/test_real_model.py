@@ -132,6 +132,11 @@ def learner(smollm2_dir, in_process_learners):
     lrn.shutdown()  # frees the real model's memory before the modules after this one
 
 
+def _collate(learner, batch, packed: bool):
+    """The batch padded (``packed`` False) or in the learner's chosen layout."""
+    return learner.layout.collate(batch, mode=None if packed else "off")
+
+
 def test_vllm_and_learner_logprobs_agree_on_prompts_of_very_different_lengths(worker, learner):
     tok = worker.engine.tokenizer
     recs = chat_records(tok, ["Hi!", "Read this and summarise it in one sentence: " + "The cat sat on the mat. " * 60])
@@ -143,14 +148,14 @@ def test_vllm_and_learner_logprobs_agree_on_prompts_of_very_different_lengths(wo
                        behaviour_logprobs=[r.logprobs for r in rows], advantages=[0.0] * len(rows))
     diffs = {}
     for layout in (False, True):  # padded, then the learner's packed layout
-        mb = learner._collate(batch, packed=layout)
-        logp = learner._logprobs_nograd(mb).cpu()
+        mb = _collate(learner, batch, layout)
+        logp = learner.policy.logprobs_nograd(mb).cpu()
         diffs[layout] = max(abs(logp[k, j].item() - lp) for k, r in enumerate(rows) for j, lp in enumerate(r.logprobs))
-    alone = learner._logprobs_nograd(learner._collate(TrainBatch(prompt_ids=[rows[-1].prompt_ids],
-                                                                 completion_ids=[rows[-1].completion_ids],
-                                                                 behaviour_logprobs=[], advantages=[0.0]),
-                                                      packed=False)).cpu()[0]
-    in_batch = learner._logprobs_nograd(learner._collate(batch, packed=False)).cpu()[len(rows) - 1]
+    alone = learner.policy.logprobs_nograd(_collate(learner, TrainBatch(prompt_ids=[rows[-1].prompt_ids],
+                                                                   completion_ids=[rows[-1].completion_ids],
+                                                                   behaviour_logprobs=[], advantages=[0.0]),
+                                                        False)).cpu()[0]
+    in_batch = learner.policy.logprobs_nograd(_collate(learner, batch, False)).cpu()[len(rows) - 1]
     n = len(rows[-1].completion_ids)
     print(f"vLLM vs learner log-probs (fp32, {len(rows)} samples, prompts {min(lens)}-{max(lens)} tokens): "
           f"max |diff| padded {diffs[False]:.2e}, packed {diffs[True]:.2e}")
@@ -172,9 +177,9 @@ def test_learner_log_softmax_over_the_real_vocabulary_goes_chunk_by_chunk(learne
                        completion_ids=[torch.randint(3, 49152, (c,), generator=g).tolist() for _ in range(n)],
                        behaviour_logprobs=[], advantages=[1.0, -1.0] * (n // 2))
     for layout in (False, True):
-        mb = learner._collate(batch, packed=layout)
+        mb = _collate(learner, batch, layout)
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-            logp, _ = learner._forward(mb, learner.engine.module)
+            logp, _ = learner.policy.forward(mb, learner.engine.module)
             logp.sum().backward()
         learner.engine.module.zero_grad(set_to_none=True)
         shapes = [e.input_shapes[0] for e in prof.events() if e.name in ("aten::_log_softmax", "aten::_softmax")
