@@ -20,7 +20,10 @@ Per precision it prints:
   process's resident memory after the warm-up and at the end.
 
 Each precision runs in a fresh process (its own roof, memory and thread pool); "step CPU-s" is
-the process's CPU time per step, steadier than wall time on a machine shared with other jobs.
+the process's CPU time per step, steadier than wall time on a machine shared with other jobs, and
+"step / roof, both per CPU-s" the step's FLOPs per CPU-second against the square GEMMs' FLOPs per
+CPU-second (``cpu_time_roof``): the fraction a busy machine leaves intact (best with ``--threads
+1``: idle OpenMP threads spinning count as CPU time).
 
 ``--profile K``: K more steps under ``torch.profiler``; prints the ops by self CPU time and the
 number of host synchronisations per step (``aten::_local_scalar_dense``: every ``.item()`` /
@@ -126,6 +129,22 @@ def update_tokens(batch, packed: bool) -> int:
     return prompts + comps
 
 
+def cpu_time_roof(dtype, sizes=(512, 1024), reps: int = 8) -> float:
+    """The GEMM roof per CPU-second: the best ``2 n^3 / (process CPU time)`` of square products
+    (time other processes take from this one is not counted, so a busy machine leaves it intact)."""
+    import torch
+
+    best = 0.0
+    for n in sizes:
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        torch.mm(a, b)
+        for _ in range(reps):
+            c0 = time.process_time()
+            torch.mm(a, b)
+            best = max(best, 2.0 * n ** 3 / max(time.process_time() - c0, 1e-9))
+    return best
+
+
 def run_dtype(model_dir: str, dtype: str, args) -> dict[str, Any]:
     import torch
 
@@ -142,6 +161,7 @@ def run_dtype(model_dir: str, dtype: str, args) -> dict[str, Any]:
         algo={"beta": w["beta"]}, trainer={"steps": args.warmup + args.steps + args.profile},
         cluster={"torch_threads": args.threads}))
     roof = perf.matmul_roof(getattr(torch, dtype))
+    cpu_roof = cpu_time_roof(getattr(torch, dtype))
     learner = Learner(cfg, master_port=free_port())
     info = learner.setup()
     params = perf.non_embedding_params(learner.engine.module)
@@ -166,14 +186,19 @@ def run_dtype(model_dir: str, dtype: str, args) -> dict[str, Any]:
                tokens=med(r["tokens"] for r in rows), update_s=med(r["update"] for r in rows),
                ref_s=med(r["ref"] for r in rows), total_s=med(r["total"] for r in rows),
                cpu_s=med(r["cpu"] for r in rows), load=os.getloadavg()[0],
+               cpu_gflops=med(r["step_flops"] / r["cpu"] for r in rows) / 1e9,
                update_gflops=med(r["update_flops"] / r["update"] for r in rows) / 1e9,
                step_gflops=med(r["step_flops"] / r["total"] for r in rows) / 1e9,
                first10_s=med(r["total"] for r in rows[:10]), last10_s=med(r["total"] for r in rows[-10:]),
+               first10_cpu=med(r["cpu"] for r in rows[:10]), last10_cpu=med(r["cpu"] for r in rows[-10:]),
                rss_after_warmup_mb=rss0, rss_end_mb=rss1,
                learner_tflops=med(r["tflops"] for r in rows) if rows[0]["tflops"] is not None else None,
                learner_mfu=med(r["mfu"] for r in rows) if rows[0]["mfu"] is not None else None)
     res["update_frac"] = res["update_gflops"] / res["roof_gflops"]
     res["step_frac"] = res["step_gflops"] / res["roof_gflops"]
+    # the step's FLOPs per CPU-second against the GEMMs' FLOPs per CPU-second
+    res["cpu_roof_gflops"] = cpu_roof / 1e9
+    res["cpu_frac"] = res["cpu_gflops"] / res["cpu_roof_gflops"]
     if args.profile:
         res["profile"] = profile(learner, data[-args.profile:])
     learner.shutdown()
@@ -231,18 +256,23 @@ def main() -> None:
     print(f"load after: {os.getloadavg()}")
     print()
     print("| dtype | roof GFLOP/s | tokens/step | update s | update GFLOP/s | update / roof | ref s | step s | "
-          "step GFLOP/s | step / roof | perf/mfu | step CPU-s | first-10 / last-10 step s | RSS MB warm -> end |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "step GFLOP/s | step / roof | perf/mfu | step CPU-s | step / roof, both per CPU-s | "
+          "first-10 / last-10 step s | "
+          "RSS MB warm -> end |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         mfu = f"{100 * r['learner_mfu']:.0f}%" if r["learner_mfu"] is not None else "-"
         print(f"| {r['dtype']} | {r['roof_gflops']:.0f} | {r['tokens']:.0f} | {r['update_s']:.3f} | "
               f"{r['update_gflops']:.0f} | {100 * r['update_frac']:.0f}% | {r['ref_s']:.3f} | {r['total_s']:.3f} | "
               f"{r['step_gflops']:.0f} | {100 * r['step_frac']:.0f}% | {mfu} | {r['cpu_s']:.2f} | "
+              f"{100 * r['cpu_frac']:.0f}% (roof {r['cpu_roof_gflops']:.0f}) | "
               f"{r['first10_s']:.3f} / {r['last10_s']:.3f} | {r['rss_after_warmup_mb']:.0f} -> {r['rss_end_mb']:.0f} |")
     for r in results:
         growth = r["last10_s"] / r["first10_s"] - 1.0
-        print(f"{r['dtype']}: step time last-10 vs first-10 median {100 * growth:+.1f}% "
-              f"({'no growth' if growth < 0.05 else 'GROWS'} at a 5% bound)")
+        cpu_growth = r["last10_cpu"] / r["first10_cpu"] - 1.0
+        print(f"{r['dtype']}: median step time of the last 10 vs the first 10 steps: wall {r['first10_s']:.3f} -> "
+              f"{r['last10_s']:.3f} s ({100 * growth:+.1f}%), CPU {r['first10_cpu']:.3f} -> {r['last10_cpu']:.3f} s "
+              f"({100 * cpu_growth:+.1f}%): {'no growth' if min(growth, cpu_growth) < 0.05 else 'GROWS'} at a 5% bound")
         if "profile" in r:
             pr = r["profile"]
             print(f"{r['dtype']} profile: {pr['host_syncs_per_step']:.0f} host syncs "

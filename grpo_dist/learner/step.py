@@ -120,7 +120,9 @@ class TrainStep:
         t3 = time.perf_counter()
 
         out = acc.reduce(p.world_size, a.num_iterations)
-        real = float(sum(mb.tokens for mb in micro))
+        if self.cfg.learner.zero_stage < 3:
+            # NaN/inf here means the update broke the weights: the driver stops before syncing them
+            out["train/param_norm"] = global_norm(p.trainable())
         t_end = time.perf_counter()
         out.update({
             "train/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
@@ -128,9 +130,7 @@ class TrainStep:
             "train/version": float(p.version),
             **({"train/ref_refreshes": float(p.reference.refreshes)} if a.ref_refresh_every else {}),
             **({"train/entropy_selected_frac": selected} if selected is not None else {}),
-            # NaN/inf here means the update broke the weights: the driver stops before syncing them
-            **({"train/param_norm": global_norm(p.trainable())} if self.cfg.learner.zero_stage < 3 else {}),
-            **self._perf(real, a.num_iterations, nograd_passes, t_end - t0),
+            **self._perf(float(sum(mb.tokens for mb in micro)), a.num_iterations, nograd_passes, t_end - t0),
             "timing/learn_prepare": t1 - t0, "timing/learn_ref_old": t2 - t1,
             "timing/learn_update": t3 - t2, "timing/learn_total": t_end - t0,
         })
