@@ -218,3 +218,25 @@ def test_reward_columns_are_found_for_builtins_plugins_and_composites(bad, tiny_
         {"fn": "composite", "name": "mix", "kwargs": {"components": [{"fn": "correctness"}, {"fn": "length"}]}}])
     need = {name: cols for name, (_, cols) in check_rewards(cfg).items()}
     assert need == {"format": set(), "f": set(), "mix": {"answer"}}
+
+
+def test_a_model_path_the_check_resolves_is_still_checked_once(tiny_model_dir, tmp_path, monkeypatch):
+    """``model.path: pkg:...`` is rewritten to the converted directory by the check itself; the
+    run's start (resolved output_dir, run id, that directory) must still hit the cache: it missed
+    it, and `grpo-dist train` printed the evaluation line twice."""
+    from grpo_dist.run import prepare, preflight
+    from grpo_dist.run.outputs import resolve_outputs
+
+    def resolve(cfg, log_fn=print):  # what the pkg: source does, without converting a GGUF here
+        cfg.model.path = str(tiny_model_dir)
+
+    monkeypatch.setattr(prepare, "prepare_model", resolve)
+    monkeypatch.chdir(tmp_path)
+    cfg = _cfg("pkg:some-model")
+    cfg.output_dir = "runs/once"
+    lines: list[str] = []
+    checked = preflight.check(cfg, log_fn=lines.append)
+    resolved = resolve_outputs(cfg)
+    assert resolved.model.path == str(tiny_model_dir)
+    assert preflight.check(resolved, log_fn=lines.append) is checked
+    assert len(lines) == len(set(lines)), lines

@@ -94,7 +94,7 @@ def check(cfg: Config, log_fn: Callable[[str], None] = print) -> Checked:
         else:
             out.evals = kept
     out.reward_columns = {name: sorted(cols) for name, (_, cols) in rewards.items()}
-    _CACHE[key] = _CACHE[dump_config(cfg)] = out  # also as prepare_model left it (pkg: -> converted dir)
+    _CACHE[key] = _CACHE[_cache_key(cfg)] = out  # also as prepare_model left it (pkg: -> converted dir)
     return out
 
 
