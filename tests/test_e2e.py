@@ -235,3 +235,21 @@ def test_full_weight_sync_through_vllm_reload(run):
         lp = torch.log_softmax(model(ids).logits[0] / trainer.cfg.rollout.temperature, -1)
     p = len(r.prompt_ids)
     assert max(abs(lp[p + j - 1, t].item() - r.logprobs[j]) for j, t in enumerate(r.completion_ids)) < 1e-3
+
+
+def test_summary_reports_peak_memory_per_role_and_metrics_per_step(run):
+    """summary.json's ``peak_rss_gib``: each role's largest actor with its child processes (the
+    vLLM engine's core process holds the model: the rollout role is not just its actor); and
+    metrics.jsonl holds each step's metrics, as logged."""
+    import ray
+
+    from grpo_dist.run.outputs import read_metrics
+
+    trainer, summary = run
+    assert read_metrics(trainer.cfg.output_dir) == trainer.history
+    peak = summary["peak_rss_gib"]
+    assert set(peak) == {"learner", "rollout", "reward", "driver"}
+    assert all(0.05 < v < 16 for v in peak.values()), peak
+    engine = ray.get(trainer.workers.rollout.actors[0].peak_rss.remote())
+    assert engine["children"] > 0  # vLLM's engine process(es), counted
+    assert peak["rollout"] * 2**30 >= engine["self"] + engine["children"] - 2**20

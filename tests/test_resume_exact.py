@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from grpo_dist.run.outputs import read_metrics
+
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 8  # six steps after the kill point: the run cannot end between two polls
@@ -106,6 +108,8 @@ def test_sigkilled_driver_resumes_exactly(pretrained_model_dir, whole, tmp_path)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == STEPS and len(summary["reward_curve"]) == STEPS
     assert summary["reward_curve"] == [h["rollout/reward_mean"] for h in want]
+    # metrics.jsonl: every step once, the killed segment's steps after its checkpoint replaced
+    assert read_metrics(out) == got
     # one W&B run: the resumed process continued the killed one's run id
     runs = sorted(p.name for p in (out / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and all(r.endswith(run_id) for r in runs), runs

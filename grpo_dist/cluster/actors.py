@@ -28,6 +28,12 @@ class Placed:
         ip = ray.util.get_node_ip_address()
         return {"ip": ip, "port": free_port(ip)}
 
+    def peak_rss(self) -> dict[str, int]:
+        """This actor process's peak resident set and its child processes' (bytes)."""
+        from grpo_dist.util.memory import peak_rss
+
+        return peak_rss()
+
     def debug_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """The one test and fault-injection hook: run ``fn(worker, *args, **kwargs)`` inside this
         actor on its plain worker object and return the result. Training never calls it; the

@@ -68,6 +68,24 @@ def write_run_files(cfg: Config) -> None:
     (out / "config.yaml").write_text(dump_config(cfg))
 
 
+METRICS_FILE = "metrics.jsonl"
+
+
+def write_metrics(out: Path, history: list[dict[str, float]], append: bool = True) -> None:
+    """``<out>/metrics.jsonl``: one JSON line of metrics per step (``step`` included), appended as
+    each step ends; ``append=False`` writes the file anew (a resumed run: its restored history, so
+    the steps after its checkpoint that the earlier segment logged are gone)."""
+    with open(Path(out) / METRICS_FILE, "a" if append else "w") as f:
+        for h in history:
+            f.write(json.dumps(h, default=float) + "\n")
+
+
+def read_metrics(out: Path) -> list[dict[str, float]]:
+    """The per-step metrics of the run in ``out`` (``metrics.jsonl``)."""
+    path = Path(out) / METRICS_FILE
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def resume_command(cfg: Config) -> str:
     """The exact command that continues this run from its newest checkpoint."""
     return f"grpo-dist train --config {Path(cfg.output_dir) / 'config.yaml'} --checkpoint.resume auto"

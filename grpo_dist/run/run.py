@@ -29,7 +29,8 @@ from grpo_dist.run.evaluation import eval_metrics, evaluate
 from grpo_dist.run.monitor import Monitor, StepTimer, non_finite
 from grpo_dist.run.monitor.wandb_logger import wandb_segments
 from grpo_dist.run.inputs import resolve_inputs
-from grpo_dist.run.outputs import resolve_outputs, resume_command, resume_hint, write_run_files, write_summary
+from grpo_dist.run.outputs import (resolve_outputs, resume_command, resume_hint, write_metrics, write_run_files,
+                                   write_summary)
 from grpo_dist.run.prepare import make_monitor
 from grpo_dist.run.workers import Workers, start_workers
 from grpo_dist.sync.collective import make_weight_sync
@@ -99,6 +100,7 @@ class Run:
                 self._segments = int(state.get("segments", 1)) + 1
                 self.rollouts.watch.load_state_dict(state.get("reward_watch", {}))  # the whole run's failure counts
             self.sync.restore()  # the engines serve the restored weights
+        write_metrics(self.out, self.history, append=False)  # the restored steps (none for a fresh run)
         self._resume_point = self.rollouts.data_state()
         self._watch_point = self.rollouts.watch.state_dict()  # the failure counts at that point
         if self.before is None and cfg.trainer.eval_before_after and self.eval_records:
@@ -169,6 +171,7 @@ class Run:
             cb.on_step(self, self.step, m, groups, batch)
         self.monitor.log(m, self.step)
         self.history.append(dict(m, step=float(self.step)))
+        write_metrics(self.out, self.history[-1:])
         every = cfg.logging.sample_table_every
         if every and self.step % every == 0:
             self.monitor.log_table("samples", SAMPLE_COLUMNS, sample_rows(groups, scores, cfg.logging.sample_table_rows),
@@ -203,11 +206,13 @@ class Run:
         metrics = self.history[-1] if self.history else {}
         metrics = {k: v for k, v in metrics.items() if k != "step"}
         watch = self.rollouts.watch
+        memory = self.workers.peak_rss_gib()
         summary = write_summary(self.out, self.step, self.wall_seconds(), adapter_dir,
                                 getattr(self.monitor, "wandb_dir", None), metrics, self.history, self.before, after,
                                 reward_failures=watch.report(),
                                 extra={"wall_seconds_this_segment": time.perf_counter() - self._t0,
-                                       "segments": self._segments, **wandb_segments(cfg)})
+                                       "segments": self._segments, "peak_rss_gib": memory,
+                                       **wandb_segments(cfg)})
         self.monitor.summary({k: v for k, v in summary.items() if not isinstance(v, dict)})
         try:  # no run succeeds in which a reward function failed past reward.max_failure_rate
             watch.check_run()

@@ -61,6 +61,22 @@ class Workers:
     def all_groups(self) -> list[ActorGroup]:
         return [self.rollout, self.reward, self.learner]
 
+    def peak_rss_gib(self, timeout: float = 60) -> dict[str, float]:
+        """Each role's peak resident set over the run so far, GiB: the largest actor of the role,
+        its child processes included (a vLLM engine's core and workers), and the driver's."""
+        from grpo_dist.util.memory import peak_rss
+
+        out = {}
+        for name, group in (("learner", self.learner), ("rollout", self.rollout), ("reward", self.reward)):
+            try:
+                peaks = group.get(group.call("peak_rss"), timeout=timeout)
+            except Exception as e:  # a report, never a reason to fail a finished run
+                log.warning("peak RSS of the %s actors not read: %s", name, e)
+                continue
+            out[name] = max(p["self"] + p["children"] for p in peaks) / 2**30
+        out["driver"] = peak_rss(children=False)["self"] / 2**30
+        return out
+
     def kill(self) -> None:
         for g in self.all_groups():
             g.kill()

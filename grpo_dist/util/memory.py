@@ -1,5 +1,7 @@
-"""A process's extra peak memory over a block of code: host memory on Linux (the resident set's
-high-water mark, reset for the block), or CUDA memory where the tensors live on a GPU."""
+"""Peak memory: a process's extra peak over a block of code (host memory on Linux: the resident
+set's high-water mark, reset for the block; or CUDA memory where the tensors live on a GPU), and a
+process's whole-life peak resident set with its child processes' (``peak_rss``: what each role
+of a run reports in ``summary.json``)."""
 
 from __future__ import annotations
 
@@ -7,11 +9,12 @@ import re
 from typing import Optional
 
 _STATUS = "/proc/self/status"
+_hwm_before_reset = 0  # this process's VmHWM before a PeakMemory block reset it (the whole-life peak)
 
 
-def _status_kb(key: str) -> Optional[int]:
+def _status_kb(key: str, path: str = _STATUS) -> Optional[int]:
     try:
-        with open(_STATUS) as f:
+        with open(path) as f:
             m = re.search(rf"^{key}:\s+(\d+) kB", f.read(), re.M)
     except OSError:
         return None
@@ -38,7 +41,9 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats()
             self._start = torch.cuda.memory_allocated()
             return self
+        global _hwm_before_reset
         try:
+            _hwm_before_reset = max(_hwm_before_reset, _status_kb("VmHWM") or 0)
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
             self._start = _status_kb("VmRSS")
@@ -56,3 +61,21 @@ class PeakMemory:
             return
         peak = _status_kb("VmHWM")
         self.extra = None if peak is None else max(0, peak - self._start)
+
+
+def peak_rss(children: bool = True) -> dict[str, int]:
+    """This process's peak resident set over its life (``self``, bytes; 0 where the kernel does
+    not say) and, with ``children``, the sum of its live descendants' (``children``: vLLM's engine
+    core and worker processes of a rollout actor). The sum of peaks bounds the peak of the sum."""
+    own = max(_hwm_before_reset, _status_kb("VmHWM") or 0)
+    kids = 0
+    if children:
+        import psutil
+
+        try:
+            procs = psutil.Process().children(recursive=True)
+        except psutil.Error:
+            procs = []
+        for p in procs:
+            kids += _status_kb("VmHWM", f"/proc/{p.pid}/status") or 0
+    return {"self": own, "children": kids}
