@@ -116,10 +116,10 @@ def _flock(fd: int) -> bool | None:
     return True
 
 
-def _judge(path: Path, info: dict[str, Any] | None, flocked: bool | None) -> str | None:
-    """Why the lock at ``path`` is stale ("" when there is nothing to say), or None for a lock that
-    is not ours to take: raises ConfigError for that. ``flocked``: we hold the flock now (True),
-    a live process holds it (False), no flock here (None)."""
+def _judge(path: Path, info: dict[str, Any] | None, flocked: bool | None) -> str:
+    """Why the lock at ``path`` may be taken: "" for an empty one (nothing to say), else why it is
+    stale; ConfigError for a lock that is not ours to take. ``flocked``: we hold the flock now
+    (True), a live process holds it (False), no flock here (None)."""
     out = path.parent
     if info == {} and flocked is not False:
         return ""
