@@ -125,10 +125,14 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     from grpo_dist.run.inputs import resolve_inputs
 
     cfg = resolve_inputs(cfg)  # a relative model/data path: like output_dir (the submitter's dir in a Ray job)
+    from grpo_dist.run.lock import OutputLock, check_dir, probe
     from grpo_dist.run.outputs import resolve_outputs
 
-    try:  # the output_dir, and a resume against its checkpoint (nothing is written yet)
-        resolve_outputs(cfg, write=False)
+    try:  # the output_dir (a file? writable? a live run's?), a resume against its checkpoint: nothing written yet
+        resolved = resolve_outputs(cfg, write=False)
+        probe(resolved.output_dir)
+        if resolved.checkpoint.dir:
+            check_dir(resolved.checkpoint.dir, "checkpoint.dir")
     except ConfigError as e:
         return _fail(str(e))
     from grpo_dist.util.procenv import setup_env
@@ -150,8 +154,9 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     from grpo_dist.run.run import Interrupted, Run, TrainingError
     from grpo_dist.train import train
 
-    try:  # absolute output_dir (a relative one inside a Ray job is refused), run id
+    try:  # absolute output_dir (a relative one inside a Ray job is refused), run id; one run per output_dir
         run = Run(cfg)
+        lock = OutputLock(run.cfg.output_dir).acquire()
     except ConfigError as e:
         return _fail(str(e))
     try:
@@ -171,8 +176,11 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
         print(f"stopped at once at step {run.step}: {resume_hint(run.cfg)}", file=sys.stderr)
         return 130
     finally:
-        run.close()
-        shutdown_ray()
+        try:
+            run.close()
+            shutdown_ray()
+        finally:
+            lock.release()  # (a SIGKILLed run leaves it: the next run takes it over with a warning)
     _print_summary(summary)
     return 0
 

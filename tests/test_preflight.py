@@ -54,6 +54,14 @@ def bad(tmp_path_factory, tiny_model_dir):
     (d / "needs_col.py").write_text("def f(prompts, completions, difficulty, **kw):\n    return [0.0] * len(completions)\n")
     (d / "syntax.py").write_text("def f(prompts, completions:\n")
     (d / "data.csv").write_text("prompt,answer\n1+2=,3\n")
+    (d / "out_file").write_text("not a directory\n")
+    weights = (tiny_model_dir / "model.safetensors").read_bytes()
+    (model_with_config("m_trunc", None) / "model.safetensors").write_bytes(weights[: len(weights) // 3])
+    n = int.from_bytes(weights[:8], "little")  # the header's length; its JSON garbled, same length
+    (model_with_config("m_garbled", None) / "model.safetensors").write_bytes(
+        weights[:8] + b"{not json" + b" " * (n - 9) + weights[8 + n:])
+    (model_with_config("m_lfs", None) / "model.safetensors").write_text(
+        "version https://git-lfs.github.com/spec/v1\noid sha256:0123\nsize 1287816\n")
     return {
         "dir": d,
         "no_answer": jsonl("no_answer.jsonl", [{"prompt": "1+2=", "label": "3"}, {"prompt": "2+2=", "label": "4"}]),
@@ -65,7 +73,22 @@ def bad(tmp_path_factory, tiny_model_dir):
         "config_braces": model_with_config("m_braces", "{}"),
         "config_no_type": model_with_config("m_no_type", json.dumps({"hidden_size": 8})),
         "no_tokenizer": model_with_config("m_no_tok", None, tokenizer=False),
+        "readonly": _readonly_dir(d),
     }
+
+
+def _readonly_dir(d: Path) -> Path:
+    """A directory no file can be created in: mode 0555, or (root ignores modes) one under /sys."""
+    ro = d / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    for cand in (ro, Path("/sys/grpo-dist-test")):
+        try:
+            (cand / "probe").touch()
+        except OSError:
+            return cand / "run"
+        (cand / "probe").unlink()
+    pytest.skip("no directory here refuses writes (root, and /sys writable)")
 
 
 def run_cli(*args: str) -> tuple[subprocess.CompletedProcess, float]:
@@ -125,6 +148,17 @@ CASES = [
      r"data\.path: prompt source '.*missing\.jsonl' not found"),
     ("unsupported data file type", lambda b, m: ["--data.path", b["csv"]],
      r"data\.path: .*data\.csv: unsupported file type"),
+    ("model weights truncated", lambda b, m: ["--model.path", b["dir"] / "m_trunc"],
+     r"model\.path: .*m_trunc/model\.safetensors is truncated: its header says 1\.3 MB of tensors \(21 tensors\), "
+     r"the file holds 0\.4 MB; copy or download it again"),
+    ("model weights with a corrupt header", lambda b, m: ["--model.path", b["dir"] / "m_garbled"],
+     r"model\.path: .*m_garbled/model\.safetensors has a corrupt header \(not JSON: .*\); copy or download it again"),
+    ("model weights a Git LFS pointer", lambda b, m: ["--model.path", b["dir"] / "m_lfs"],
+     r"model\.path: .*m_lfs/model\.safetensors is a Git LFS pointer, not the weights \(run `git lfs pull` in .*\)"),
+    ("output_dir is a file", lambda b, m: ["--output_dir", b["dir"] / "out_file"],
+     r"output_dir: .*out_file is a file, not a directory"),
+    ("output_dir not writable", lambda b, m: ["--output_dir", b["readonly"]],
+     r"output_dir: cannot create files in .*: .*"),
     ("group_size 1", lambda b, m: ["--rollout.group_size", "1"],  # (also the CLI's one-line format, exactly)
      r"rollout\.group_size: must be >= 2: group-relative advantages need at least two completions \(got 1\)"),
     ("unknown config key", lambda b, m: ["--rollout.groupsize", "4"],

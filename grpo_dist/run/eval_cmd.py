@@ -17,11 +17,14 @@ def run_eval(cfg: Config, adapter: str | None, out: str | None = None) -> dict[s
     from grpo_dist.run.workers import create_generators
     from grpo_dist.cluster.ray_utils import init_ray, shutdown_ray, worker_log_path
     from grpo_dist.run.evaluation import eval_metrics, evaluate
+    from grpo_dist.run.adapter_check import check_adapter
     from grpo_dist.run.preflight import prepared_data
 
     _, records = prepared_data(cfg)  # the held-out prompts training would evaluate on
     if not records:
         raise ConfigError("data.eval_path: evaluation needs held-out prompts")
+    if adapter:  # made for this base model (its modules, their shapes): before any engine starts
+        check_adapter(adapter, cfg.model.path)
     init_ray(cfg)
     c = cfg.cluster
     t0 = time.perf_counter()

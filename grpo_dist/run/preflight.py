@@ -5,7 +5,8 @@ Each problem is a :class:`~grpo_dist.config.ConfigError` with one line naming th
 
 * the model directory: ``config.json`` and the tokenizer load (an empty or ``{}`` config is an
   error here, not a pydantic error inside an actor minutes later), ``max_model_len`` fits the
-  model's positions;
+  model's positions, every ``*.safetensors`` is whole (header vs file size) and every shard an
+  index names is there;
 * every reward function resolves (file/module/function exist), can be called as
   ``fn(prompts, completions, **columns)``, and finds the dataset columns it needs (``answer``
   for ``correctness``; any parameter without a default for a plug-in);
@@ -126,6 +127,29 @@ def _check_model_json(cfg: Config) -> None:
                           f"'model_type' and 'architectures')")
     if "model_type" not in raw:
         raise ConfigError(f"model.path: {cfg_file} has no 'model_type' (not a transformers model config)")
+    _check_weights(path)
+
+
+def _check_weights(path) -> None:
+    """Every ``*.safetensors`` whole (its size what its header says, the header JSON) and every
+    shard an index names present: a truncated download fails here naming the file, not minutes
+    later inside an engine's traceback."""
+    from grpo_dist.util.safetensors_header import AGAIN, WeightsError, read_header
+
+    for f in sorted(path.glob("*.safetensors")):
+        try:
+            read_header(f)
+        except WeightsError as e:
+            raise ConfigError(f"model.path: {e}") from None
+    for index in sorted(path.glob("*.safetensors.index.json")):
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ConfigError(f"model.path: {index} is not a shard index ({_first_line(e)}); {AGAIN}") from None
+        missing = [s for s in shards if not (path / s).is_file()]
+        if missing:
+            raise ConfigError(f"model.path: {index} names {len(missing)} of {len(shards)} shards that are not in "
+                              f"{path} (first: {missing[0]}); {AGAIN}")
 
 
 def check_model(cfg: Config) -> Any:
