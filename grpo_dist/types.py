@@ -54,6 +54,9 @@ class Rollout:
     loss_mask: list[int] | None = None
     turns: int = 1
     stop_reason: str | None = None  # multi-turn: "done" (the environment ended it) | "max_turns" | "length"
+    # multi-turn: the turns after the prompt ({"role", "content"[, "name"]}: assistant and environment
+    # messages, as text), for the W&B conversation table; None: single turn, or not recorded
+    messages: list[dict[str, Any]] | None = None
 
     @property
     def truncated(self) -> bool:
