@@ -155,6 +155,12 @@ class RolloutConfig(Section):
                                     "result). 1: generation also stops after a call (the parser's stop strings).")
     tool_parser: str = Field("hermes", description="Tool-call format the tool environments parse (grpo_dist/envs/"
                              "parsers.py): hermes = <tool_call>{json}</tool_call>.")
+    rollout_fn: Optional[str] = Field(None, description="A user rollout function instead of an environment: "
+                                      "'module:fn' / 'file.py:fn', called per trajectory as fn(client, row, "
+                                      "**rollout_fn_kwargs) and returning completion_ids, loss_mask, logprobs "
+                                      "(optional prompt_ids, reward, info, stop_reason, messages); see "
+                                      "grpo_dist/rollout/user_fn.py. Batch pipeline only.")
+    rollout_fn_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of rollout.rollout_fn.")
     env_sanity: bool = Field(False, description="Re-render every multi-turn trajectory through the chat template and "
                              "report the first token where the built ids differ (rollout/env_sanity_diff_frac, a warning).")
 
@@ -169,6 +175,10 @@ class RolloutConfig(Section):
     def _streaming(self):
         if self.streaming and self.backend != "vllm":
             raise ValueError("rollout.streaming needs rollout.backend vllm (its async engine)")
+        if self.rollout_fn and (self.env != "single_turn" or self.env_column):
+            raise ValueError("rollout.rollout_fn replaces the environment: leave rollout.env and rollout.env_column unset")
+        if self.rollout_fn and self.streaming:
+            raise ValueError("rollout.rollout_fn runs in the batch pipeline: set rollout.streaming false")
         return self
 
 
