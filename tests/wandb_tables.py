@@ -26,7 +26,7 @@ def records(path: Path) -> list[Any]:
             pos += left
             continue
         _, length, kind = struct.unpack("<IHB", data[pos:pos + HEADER])
-        if kind == 0 and length == 0:
+        if kind == 0 and length == 0 or pos + HEADER + length > len(data):  # the end, or a record being written
             break
         parts.append(data[pos + HEADER:pos + HEADER + length])
         pos += HEADER + length
@@ -38,12 +38,25 @@ def records(path: Path) -> list[Any]:
     return out
 
 
+def finished_records(path: Path, wait_s: float = 120.0) -> list[Any]:
+    """The records once the file holds the run's exit record: W&B's service may still be writing
+    the last history row (and the exit) after ``run.finish()`` returned (seen on a loaded machine)."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        recs = records(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in recs) or time.monotonic() > deadline:
+            return recs
+        time.sleep(0.5)
+
+
 def history(run_dir: str | Path) -> list[dict[str, Any]]:
     """Every history row logged (key -> decoded JSON value; a table's fields, logged as nested
     keys, as one dict)."""
     (log,) = Path(run_dir).glob("*.wandb")
     rows = []
-    for r in records(log):
+    for r in finished_records(log):
         if r.WhichOneof("record_type") != "history":
             continue
         row: dict[str, Any] = {}
