@@ -51,13 +51,14 @@ def build_batch(groups: list[RolloutGroup], scores: RewardResult, group_size: in
     if any(len(g.rollouts) != group_size for g in groups):
         raise ValueError(f"every group must hold group_size={group_size} completions")
     rewards = list(scores.total)
-    shaping = [overlong_penalty(len(r.completion_ids), max_tokens, algo.overlong_buffer, algo.overlong_penalty)
+    # multi-turn: the tokens sampled over all assistant turns, max_tokens the trajectory's (RolloutConfig.sampled_budget)
+    shaping = [overlong_penalty(r.sampled_length, max_tokens, algo.overlong_buffer, algo.overlong_penalty)
                for r in rollouts]
     shaped = [x + s for x, s in zip(rewards, shaping)]
     adv = compute_advantages(shaped, group_size, algo)
     masks = None  # all ones unless a trajectory holds environment tokens or truncated ones are masked
     if algo.mask_truncated or any(r.loss_mask is not None for r in rollouts):
-        masks = [[0.0] * len(r.completion_ids) if algo.mask_truncated and r.truncated
+        masks = [[0.0] * len(r.completion_ids) if algo.mask_truncated and r.cut_by_length
                  else [float(x) for x in r.loss_mask] if r.loss_mask is not None
                  else [1.0] * len(r.completion_ids) for r in rollouts]
     batch = TrainBatch(

@@ -62,6 +62,22 @@ class Rollout:
     def truncated(self) -> bool:
         return self.finish_reason == "length"
 
+    @property
+    def cut_by_length(self) -> bool:
+        """Ended by a length limit (``algo.mask_truncated``): a single-turn completion that used
+        all of max_tokens; a multi-turn trajectory whose stop_reason is one of
+        :data:`LENGTH_STOPS` (not max_turns, timeout or env_error: those the rewards score)."""
+        return self.truncated if self.stop_reason is None else self.stop_reason in LENGTH_STOPS
+
+    @property
+    def sampled_length(self) -> int:
+        """Tokens the model sampled: over all assistant turns (loss mask 1) in a multi-turn trajectory."""
+        return len(self.completion_ids) if self.loss_mask is None else int(sum(self.loss_mask))
+
+
+# stop reasons of a multi-turn trajectory that mean a length limit cut it (grpo_dist/rollout/turns.py)
+LENGTH_STOPS = ("length", "budget", "context")
+
 
 @dataclass
 class RolloutGroup:
