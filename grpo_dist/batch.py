@@ -51,13 +51,14 @@ def build_batch(groups: list[RolloutGroup], scores: RewardResult, group_size: in
     if any(len(g.rollouts) != group_size for g in groups):
         raise ValueError(f"every group must hold group_size={group_size} completions")
     rewards = list(scores.total)
-    shaping = [overlong_penalty(len(r.completion_ids), max_tokens, algo.overlong_buffer, algo.overlong_penalty)
+    # multi-turn: the tokens sampled over all assistant turns, max_tokens the trajectory's (RolloutConfig.sampled_budget)
+    shaping = [overlong_penalty(r.sampled_length, max_tokens, algo.overlong_buffer, algo.overlong_penalty)
                for r in rollouts]
     shaped = [x + s for x, s in zip(rewards, shaping)]
     adv = compute_advantages(shaped, group_size, algo)
     masks = None  # all ones unless a trajectory holds environment tokens or truncated ones are masked
     if algo.mask_truncated or any(r.loss_mask is not None for r in rollouts):
-        masks = [[0.0] * len(r.completion_ids) if algo.mask_truncated and r.truncated
+        masks = [[0.0] * len(r.completion_ids) if algo.mask_truncated and r.cut_by_length
                  else [float(x) for x in r.loss_mask] if r.loss_mask is not None
                  else [1.0] * len(r.completion_ids) for r in rollouts]
     batch = TrainBatch(
@@ -156,3 +157,29 @@ def sample_rows(groups: list[RolloutGroup], scores: RewardResult, limit: int) ->
 
 
 SAMPLE_COLUMNS = ["prompt", "completion", "answer", "reward", "finish_reason", "adapter_version"]
+CONVERSATION_COLUMNS = ["prompt", "conversation", "roles", "answer", "reward", "stop_reason", "turns", "tool_calls",
+                        "tool_errors", "adapter_version"]
+
+
+def sample_table(groups: list[RolloutGroup], scores: RewardResult, limit: int) -> tuple[str, list[str], list[list]]:
+    """The W&B table of a step: ``samples`` (one completion per group), or for multi-turn rollouts
+    ``conversations``: one trajectory of each of the first groups, its turns as
+    ``[role] text`` lines (assistant turns with their tool calls, tool results, injected user
+    turns), the roles in order, its reward, stop reason, turns and tool counters."""
+    if not any(r.loss_mask is not None for g in groups for r in g.rollouts):
+        return "samples", SAMPLE_COLUMNS, sample_rows(groups, scores, limit)
+    rows, i = [], 0
+    for g in groups:
+        if len(rows) < limit:
+            r = g.rollouts[0]
+            turns = r.messages if r.messages is not None else [{"role": "assistant", "content": r.completion}]
+            rows.append([r.prompt, "\n".join(f"[{_who(m)}] {m.get('content', '')}" for m in turns),
+                         " ".join(_who(m) for m in turns), str(r.columns.get("answer", "")), float(scores.total[i]),
+                         r.stop_reason or r.finish_reason, r.turns, int(r.columns.get("tool_calls") or 0),
+                         int(r.columns.get("tool_errors") or 0), r.adapter_version])
+        i += len(g.rollouts)
+    return "conversations", CONVERSATION_COLUMNS, rows
+
+
+def _who(m: dict) -> str:
+    return f"{m.get('role', '?')}:{m['name']}" if m.get("name") else str(m.get("role", "?"))

@@ -43,7 +43,7 @@ def shape(groups, scores, run: Run, metrics: dict[str, float], learner_version: 
     """The learner's batch (rewards shaped, advantages per sequence); every sample at most
     ``trainer.max_staleness`` versions behind the learner that trains on it."""
     cfg = run.cfg
-    batch, m = build_batch(groups, scores, cfg.rollout.group_size, cfg.algo, cfg.rollout.max_tokens)
+    batch, m = build_batch(groups, scores, cfg.rollout.group_size, cfg.algo, cfg.rollout.sampled_budget)
     metrics.update(m)
     try:
         metrics.update(staleness_metrics(batch.adapter_versions, learner_version, cfg.trainer.max_staleness))

@@ -54,10 +54,29 @@ class Rollout:
     loss_mask: list[int] | None = None
     turns: int = 1
     stop_reason: str | None = None  # multi-turn: "done" (the environment ended it) | "max_turns" | "length"
+    # multi-turn: the turns after the prompt ({"role", "content"[, "name"]}: assistant and environment
+    # messages, as text), for the W&B conversation table; None: single turn, or not recorded
+    messages: list[dict[str, Any]] | None = None
 
     @property
     def truncated(self) -> bool:
         return self.finish_reason == "length"
+
+    @property
+    def cut_by_length(self) -> bool:
+        """Ended by a length limit (``algo.mask_truncated``): a single-turn completion that used
+        all of max_tokens; a multi-turn trajectory whose stop_reason is one of
+        :data:`LENGTH_STOPS` (not max_turns, timeout or env_error: those the rewards score)."""
+        return self.truncated if self.stop_reason is None else self.stop_reason in LENGTH_STOPS
+
+    @property
+    def sampled_length(self) -> int:
+        """Tokens the model sampled: over all assistant turns (loss mask 1) in a multi-turn trajectory."""
+        return len(self.completion_ids) if self.loss_mask is None else int(sum(self.loss_mask))
+
+
+# stop reasons of a multi-turn trajectory that mean a length limit cut it (grpo_dist/rollout/turns.py)
+LENGTH_STOPS = ("length", "budget", "context")
 
 
 @dataclass

@@ -46,3 +46,39 @@ class ToolScript:
         if self.n == 1:
             return EnvStep([{"role": "tool", "content": "4"}], info={"tool_calls": 1})
         return EnvStep([{"role": "tool", "content": "Error: bad"}], info={"tool_calls": 1, "tool_errors": 1})
+
+
+def two_calls(client, row, reply: str = " 2+2=", log: str | None = None) -> dict:
+    """A user rollout function (``rollout.rollout_fn``): a turn of 4 tokens, a fixed user turn
+    (loss mask 0), a turn of 3 tokens. ``log``: each result appended as a JSON line."""
+    import json
+
+    first = client.generate(client.prompt_ids, max_tokens=4)
+    injected = client.tokenizer(reply, add_special_tokens=False)["input_ids"]
+    second = client.generate(client.prompt_ids + first.token_ids + injected, max_tokens=3)
+    out = {"completion_ids": first.token_ids + injected + second.token_ids,
+           "loss_mask": [1] * len(first.token_ids) + [0] * len(injected) + [1] * len(second.token_ids),
+           "logprobs": first.logprobs + [None] * len(injected) + second.logprobs,
+           "reward": float(sum(second.token_ids) % 3), "info": {"tool_calls": 1},
+           "messages": [{"role": "assistant", "content": first.text}, {"role": "user", "content": reply},
+                        {"role": "assistant", "content": second.text}]}
+    if log:
+        with open(log, "a") as f:
+            f.write(json.dumps({"prompt_ids": client.prompt_ids, "answer": row.get("answer"), **out}) + "\n")
+    return out
+
+
+async def two_calls_async(client, row, reply: str = " 2+2=") -> dict:
+    """``two_calls`` as an ``async def`` (awaits ``client.agenerate``)."""
+    first = await client.agenerate(client.prompt_ids, max_tokens=4)
+    injected = client.tokenizer(reply, add_special_tokens=False)["input_ids"]
+    second = await client.agenerate(client.prompt_ids + first.token_ids + injected, max_tokens=3)
+    return {"completion_ids": first.token_ids + injected + second.token_ids,
+            "loss_mask": [1] * len(first.token_ids) + [0] * len(injected) + [1] * len(second.token_ids),
+            "logprobs": first.logprobs + [0.0] * len(injected) + second.logprobs}
+
+
+def mask_too_short(client, row) -> dict:
+    """A rollout function breaking the contract: one loss-mask entry short."""
+    g = client.generate(client.prompt_ids, max_tokens=3)
+    return {"completion_ids": g.token_ids, "loss_mask": [1] * (len(g.token_ids) - 1), "logprobs": g.logprobs}

@@ -68,3 +68,39 @@ def test_mask_truncated_and_overlong_shaping():
     assert overlong_penalty(7, 8, 0.25, 1.0) == pytest.approx(-0.5)
     assert overlong_penalty(8, 8, 0.25, 1.0) == -1.0
     assert zero_spread([0.5, 0.5]) and not zero_spread([0.5, 0.6])
+
+
+def _trajectory(mask, stop):
+    n = len(mask)
+    return Rollout(prompt_id=0, prompt="p", prompt_ids=[1, 2], completion="c", completion_ids=list(range(n)),
+                   logprobs=[-1.0 if m else 0.0 for m in mask], finish_reason="stop" if stop == "done" else "length",
+                   adapter_version=0, loss_mask=list(mask), turns=2, stop_reason=stop)
+
+
+def test_multi_turn_length_shaping_and_masking_count_sampled_tokens_and_length_limits():
+    # 4 trajectories of 10 tokens each: 6 sampled (two turns of 3) and 4 of the environment's
+    mask = [1, 1, 1, 0, 0, 0, 0, 1, 1, 1]
+    stops = ["done", "budget", "max_turns", "context"]
+    rolls = [_trajectory(mask, s) for s in stops] + [_trajectory([1] * 3 + [0] * 7, "length")] + \
+        [_trajectory([1] * 3 + [0] * 7, "timeout")]
+    assert [r.sampled_length for r in rolls] == [6, 6, 6, 6, 3, 3]
+    # a length limit cut them: length, budget, context; not max_turns, timeout (or env_error)
+    assert [r.cut_by_length for r in rolls] == [False, True, False, True, True, False]
+    g = [RolloutGroup(prompt_id=0, rollouts=rolls)]
+    algo = load_config(None, ["--algo.mask_truncated", "true", "--algo.overlong_buffer", "0.5"]).algo
+    # the trajectory's budget is 8 sampled tokens: the penalty runs from 4 to 8 (6 -> -0.5; 3 -> 0)
+    batch, m = build_batch(g, scores([1.0] * 6), 6, algo, max_tokens=8)
+    assert batch.loss_mask == [[float(x) for x in mask], [0.0] * 10, [float(x) for x in mask], [0.0] * 10,
+                               [0.0] * 10, [1.0] * 3 + [0.0] * 7]
+    assert m["rollout/overlong_penalty_mean"] == pytest.approx(-0.5 * 4 / 6)
+
+
+def test_the_sampled_budget_of_a_trajectory():
+    r = load_config(None, {"rollout": {"max_tokens": 16}}).rollout
+    assert not r.multi_turn and r.sampled_budget == 16
+    r = load_config(None, {"rollout": {"max_tokens": 16, "env": "calculator", "max_turns": 3}}).rollout
+    assert r.multi_turn and r.sampled_budget == 48
+    r = load_config(None, {"rollout": {"max_tokens": 16, "env": "calculator", "max_total_tokens": 40}}).rollout
+    assert r.sampled_budget == 40
+    r = load_config(None, {"rollout": {"max_tokens": 8, "rollout_fn": "m:f", "max_turns": 2}}).rollout
+    assert r.multi_turn and r.sampled_budget == 16

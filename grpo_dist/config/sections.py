@@ -155,8 +155,28 @@ class RolloutConfig(Section):
                                     "result). 1: generation also stops after a call (the parser's stop strings).")
     tool_parser: str = Field("hermes", description="Tool-call format the tool environments parse (grpo_dist/envs/"
                              "parsers.py): hermes = <tool_call>{json}</tool_call>.")
+    rollout_fn: Optional[str] = Field(None, description="A user rollout function instead of an environment: "
+                                      "'module:fn' / 'file.py:fn', called per trajectory as fn(client, row, "
+                                      "**rollout_fn_kwargs) and returning completion_ids, loss_mask, logprobs "
+                                      "(optional prompt_ids, reward, info, stop_reason, messages); see "
+                                      "grpo_dist/rollout/user_fn.py. Batch pipeline only.")
+    rollout_fn_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of rollout.rollout_fn.")
     env_sanity: bool = Field(False, description="Re-render every multi-turn trajectory through the chat template and "
                              "report the first token where the built ids differ (rollout/env_sanity_diff_frac, a warning).")
+
+    @property
+    def multi_turn(self) -> bool:
+        """Trajectories of several turns: an environment other than single_turn, or a rollout function."""
+        return self.env != "single_turn" or bool(self.env_column) or bool(self.rollout_fn)
+
+    @property
+    def sampled_budget(self) -> int:
+        """Tokens one trajectory samples at most (the length ``algo.overlong_buffer`` and
+        ``algo.max_len`` refer to): max_tokens; multi-turn, over all assistant turns,
+        max_total_tokens (environment tokens count against it too) else max_turns * max_tokens."""
+        if not self.multi_turn:
+            return self.max_tokens
+        return self.max_total_tokens or self.max_turns * self.max_tokens
 
     @field_validator("group_size")
     @classmethod
@@ -169,6 +189,10 @@ class RolloutConfig(Section):
     def _streaming(self):
         if self.streaming and self.backend != "vllm":
             raise ValueError("rollout.streaming needs rollout.backend vllm (its async engine)")
+        if self.rollout_fn and (self.env != "single_turn" or self.env_column):
+            raise ValueError("rollout.rollout_fn replaces the environment: leave rollout.env and rollout.env_column unset")
+        if self.rollout_fn and self.streaming:
+            raise ValueError("rollout.rollout_fn runs in the batch pipeline: set rollout.streaming false")
         return self
 
 
@@ -218,13 +242,17 @@ class AlgoConfig(Section):
     dual_clip: Optional[float] = Field(None, gt=1, description="Dual-clip constant c > 1 for negative advantages.")
     ratio_level: Literal["token", "sequence"] = Field("token", description="Token ratio (PPO/GRPO) or sequence ratio (GSPO).")
     agg: AGG_MODES = Field("seq-mean-token-mean", description="How per-token losses become one scalar.")
-    max_len: Optional[int] = Field(None, gt=0, description="Normaliser of seq-mean-token-sum-norm (default max_tokens).")
+    max_len: Optional[int] = Field(None, gt=0, description="Normaliser of seq-mean-token-sum-norm (default "
+                                   "rollout.max_tokens; multi-turn: rollout.max_total_tokens, else max_turns * max_tokens).")
     num_iterations: int = Field(1, gt=0, description="Gradient updates per batch (old log-probs recomputed when > 1).")
     dynamic_sampling: bool = Field(False, description="Drop zero-spread groups and refill with new prompts (DAPO).")
     max_sampling_rounds: int = Field(3, ge=0, description="Extra generation rounds dynamic sampling may spend per step.")
-    overlong_buffer: float = Field(0.0, ge=0, lt=1, description="Soft length penalty starts this fraction before max_tokens (0 = off).")
+    overlong_buffer: float = Field(0.0, ge=0, lt=1, description="Soft length penalty starts this fraction before max_tokens "
+                                   "(0 = off); multi-turn: the tokens sampled over all assistant turns against "
+                                   "rollout.max_total_tokens, else max_turns * max_tokens.")
     overlong_penalty: float = Field(1.0, ge=0, description="Penalty at max_tokens for overlong shaping.")
-    mask_truncated: bool = Field(False, description="Mask truncated completions out of the loss.")
+    mask_truncated: bool = Field(False, description="Mask truncated completions out of the loss (multi-turn: "
+                                 "trajectories a length limit ended, stop_reason length, budget or context).")
     top_entropy_frac: float = Field(1.0, gt=0, le=1, description="Train only on this top fraction of completion "
                                     "tokens by policy entropy (1 = all tokens; 0.2 = the 80/20 'forking tokens' rule).")
     ref_refresh_every: int = Field(0, ge=0, description="Mix the policy into the KL reference every k steps "

@@ -92,7 +92,7 @@ class TrainStep:
         acc = MetricAccumulator()
         grad_norms: list[float] = []
         lr = float(p.engine.get_lr()[0])
-        max_len = a.max_len or self.cfg.rollout.max_tokens
+        max_len = a.max_len or self.cfg.rollout.sampled_budget  # multi-turn: over all assistant turns
         for it in range(a.num_iterations):
             for i, mb in enumerate(micro):
                 logp, ent = p.forward(mb, entropy=(it == 0))

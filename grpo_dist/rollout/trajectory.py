@@ -43,6 +43,7 @@ class Trajectory:
     reward: float | None = None
     sanity_diff: int | None = None
     tools: list[dict[str, Any]] | None = None  # schemas the opening passed through the template's tools=
+    transcript: list[dict[str, Any]] = field(default_factory=list)  # the turns after the prompt as text (W&B table)
 
     def add(self, ids: list[int], logprobs: list[float] | None) -> None:
         self.ids += ids
@@ -63,6 +64,7 @@ class Trajectory:
         end-of-turn token left out: what a faithful re-render of the history puts there)."""
         self.add(list(sample.token_ids), list(sample.logprobs))
         self.turns += 1
+        self.transcript.append({"role": "assistant", "content": said(tok, sample.token_ids)})
         cut = None
         if sample.finish_reason == "length":
             cut = ("length" if m == spec.max_tokens else
@@ -88,6 +90,7 @@ class Trajectory:
             self.stop_reason = "context"
         else:
             self.add(extra, None)
+            self.transcript += [dict(m) for m in msgs]
             if self.messages is not None:
                 self.messages += [{"role": "assistant", "content": said_text}] + msgs
             return True
@@ -196,7 +199,8 @@ def to_rollout(tok: Any, t: Trajectory, version: int, check: bool) -> Rollout:
     return Rollout(prompt_id=t.record.id, prompt=t.record.prompt, prompt_ids=t.prompt_ids,
                    completion=tok.decode(t.ids, skip_special_tokens=True), completion_ids=t.ids,
                    logprobs=t.logprobs, finish_reason="stop" if t.stop_reason == "done" else "length",
-                   adapter_version=version, columns=cols, loss_mask=t.mask, turns=t.turns, stop_reason=t.stop_reason)
+                   adapter_version=version, columns=cols, loss_mask=t.mask, turns=t.turns, stop_reason=t.stop_reason,
+                   messages=t.transcript)
 
 
 def sanity(tok: Any, t: Trajectory) -> int:

@@ -16,6 +16,7 @@ from grpo_dist.rollout.base import Generator, SamplingSpec
 from grpo_dist.envs.registry import EnvSource
 from grpo_dist.rollout.seeds import SeedKey, sample_seeds
 from grpo_dist.rollout.turns import run_trajectories
+from grpo_dist.rollout.user_fn import UserRollouts
 from grpo_dist.rollout.weight_group import WeightGroupMember, weight_group_engine_kwargs
 from grpo_dist.sync import AdapterStore, make_transport
 from grpo_dist.sync.merge import LoraMerger, read_adapter_dir
@@ -59,6 +60,7 @@ class RolloutWorker(WeightGroupMember):
         self._asleep = False  # colocated on GPU: weights and KV cache released for the learner
         self.transport = make_transport(cfg)
         self.envs = EnvSource.from_config(cfg.rollout)  # None: single turn, the plain generate path
+        self.user_fn = UserRollouts.from_config(cfg.rollout)  # rollout.rollout_fn (replaces the environment)
 
     # -- lifecycle -------------------------------------------------------------------------
     def setup(self, peers_on_node: int = 1, index_on_node: int = 0, learners_on_node: int = 0) -> dict[str, Any]:
@@ -114,6 +116,9 @@ class RolloutWorker(WeightGroupMember):
         ``(seed, 0, record id)``; with neither, the engine's own random stream is used."""
         assert self.engine is not None, "call setup() first"
         spec, seeds, ids = self._prepare(prompts, n, temperature, seed, keys)
+        if self.user_fn is not None:  # the user's rollout function: its ids, masks and log-probs, checked
+            return self.user_fn.generate(self.engine, prompts, ids, spec, seeds, self.cfg.model.max_model_len,
+                                         self.version)
         if self.envs is not None:  # a multi-turn environment: trajectories, token in, token out
             return run_trajectories(self.engine, prompts, ids, spec, seeds, self.envs, self.cfg.model.max_model_len,
                                     self.version)

@@ -6,6 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 _ROWS = [("sampled_accuracy", "sampled_acc"), ("greedy_accuracy", "greedy_acc")]
+# multi-turn environments (run/evaluation.py tool_use)
+_TOOL_ROWS = [("turns_mean", "turns/traj"), ("tool_calls_mean", "tool_calls/traj"), ("tool_use_frac", "tool_use_frac"),
+              ("tool_errors_mean", "tool_errors/traj")]
 
 
 def _rows(rep: dict[str, Any]) -> list[tuple[str, str]]:
@@ -15,6 +18,7 @@ def _rows(rep: dict[str, Any]) -> list[tuple[str, str]]:
     rows += [("mean_reward", "mean_reward")]
     if "greedy_mean_reward" in rep:
         rows.append(("greedy_mean_reward", "greedy_reward"))
+    rows += [(k, label) for k, label in _TOOL_ROWS if k in rep]
     means = rep.get("reward_means", {})
     if len(means) > 1:  # one function: its mean is mean_reward
         rows += [(f"reward_means/{k}", f"reward/{k}") for k in sorted(means)]

@@ -46,15 +46,42 @@ def summarise(plan: EvalPlan, groups: list[Any], scores: Any) -> tuple[dict[str,
     errors = {k: v for k, v in scores.errors.items() if v}
     if errors:
         out["reward_errors"] = errors
-    if not plan.accuracy:
+    if plan.accuracy:
+        flat = [float(all((scores.per_function[a][i] or 0.0) >= CORRECT_AT for a in plan.accuracy)) for i in range(n)]
+    elif env_scored(groups):  # multi-turn: the environment's own reward (e.g. the calculator's answer check)
+        flat = [float((r.columns.get("env_reward") or 0.0) >= CORRECT_AT) for g in groups for r in g.rollouts]
+    else:
         return out, None
-    flat = [float(all((scores.per_function[a][i] or 0.0) >= CORRECT_AT for a in plan.accuracy)) for i in range(n)]
     correct, i = [], 0
     for g in groups:
         correct.append(flat[i:i + len(g.rollouts)])
         i += len(g.rollouts)
     out["accuracy"] = sum(flat) / n if n else 0.0
     return out, correct
+
+
+def env_scored(groups: list[Any]) -> bool:
+    """Multi-turn trajectories whose environment gave a reward (the ``env_reward`` column)."""
+    return any(r.loss_mask is not None and r.columns.get("env_reward") is not None for g in groups for r in g.rollouts)
+
+
+TOOL_USE = ("turns_mean", "tool_calls_mean", "tool_use_frac", "tool_errors_mean", "tool_error_frac")
+
+
+def tool_use(groups: list[Any]) -> dict[str, Any]:
+    """Multi-turn (environment) rollouts: turns and tool calls per trajectory, the fraction of
+    trajectories with a tool call, tool errors, why trajectories stopped; {} for single-turn."""
+    from grpo_dist.batch import trajectory_metrics
+
+    flat = [r for g in groups for r in g.rollouts]
+    if not flat or not any(r.loss_mask is not None for r in flat):
+        return {}
+    m = {k.split("/", 1)[1]: v for k, v in trajectory_metrics(flat, [len(r.completion_ids) for r in flat]).items()}
+    out: dict[str, Any] = {k: m[k] for k in TOOL_USE if k in m}
+    out.setdefault("tool_calls_mean", 0.0)
+    out["tool_use_frac"] = sum(int(r.columns.get("tool_calls") or 0) > 0 for r in flat) / len(flat)
+    out["stop_reasons"] = {k.split("/", 1)[1]: int(v) for k, v in m.items() if k.startswith("stop_reason/")}
+    return out
 
 
 def _say_once(msg: str | None) -> None:
@@ -71,12 +98,16 @@ def evaluate(cfg: Config, rollout: "ActorGroup", reward: "ActorGroup", records: 
 
     t0 = time.perf_counter()
     plan = plan_eval(check_rewards(cfg), records)
-    _say_once(plan.describe())
     n = cfg.eval.samples_per_prompt
     temp = cfg.eval.temperature if cfg.eval.temperature is not None else cfg.rollout.temperature
     groups = dispatch.generate(rollout, records, n=n, temperature=temp, seed=EVAL_SEED)
     scores = dispatch.score(reward, groups, functions=plan.used)
     sampled, correct = summarise(plan, groups, scores)
+    note = plan.describe()
+    if correct is not None and not plan.accuracy:  # multi-turn: the environment's reward decides
+        note = (f"evaluation: accuracy and pass@k from the environment's reward (correct: env_reward >= {CORRECT_AT}); "
+                f"no configured reward checks a reference answer")
+    _say_once(note)
     report: dict[str, Any] = {
         "num_prompts": len(records),
         "samples_per_prompt": n,
@@ -93,9 +124,11 @@ def evaluate(cfg: Config, rollout: "ActorGroup", reward: "ActorGroup", records: 
     broken = whole_batch_failures(scores)  # a reward that failed on every completion (the run stops before training)
     if broken:
         report["reward_failures"] = broken
-    if plan.describe():
-        report["note"] = plan.describe()
+    if note:
+        report["note"] = note
+    report.update(tool_use(groups))
     if correct is not None:
+        report["accuracy_from"] = plan.accuracy or ["env_reward"]
         report["sampled_accuracy"] = sampled["accuracy"]
         for k in cfg.eval.pass_k:
             report[f"pass@{k}"] = sum(pass_at_k(n, int(sum(row)), k) for row in correct) / len(correct)
@@ -110,6 +143,7 @@ def evaluate(cfg: Config, rollout: "ActorGroup", reward: "ActorGroup", records: 
         report["samples"] = [
             {"prompt": grp.rollouts[0].prompt, "answer": str(grp.rollouts[0].columns.get("answer")),
              "completions": [r.completion for r in grp.rollouts],
+             **({"conversations": [r.messages for r in grp.rollouts]} if grp.rollouts[0].messages is not None else {}),
              "correct": correct[j] if correct is not None else None}
             for j, grp in enumerate(groups[:with_samples])]
     return report
@@ -117,7 +151,7 @@ def evaluate(cfg: Config, rollout: "ActorGroup", reward: "ActorGroup", records: 
 
 def eval_metrics(report: dict[str, Any]) -> dict[str, float]:
     """The ``eval/…`` scalars of a report (``eval/reward/<name>`` per reward)."""
-    keys = ["sampled_accuracy", "greedy_accuracy", "mean_reward", "greedy_mean_reward"] + \
+    keys = ["sampled_accuracy", "greedy_accuracy", "mean_reward", "greedy_mean_reward", *TOOL_USE] + \
         [k for k in report if k.startswith("pass@")]
     out = {f"eval/{k}": float(report[k]) for k in keys if k in report}
     out.update({f"eval/reward/{k}": float(v) for k, v in report.get("reward_means", {}).items()})

@@ -22,7 +22,7 @@ from grpo_dist.config import Config
 from grpo_dist.data import PromptStream
 from grpo_dist.devices import choices, sleeps_while_learning
 from grpo_dist.reward.failures import RewardFailureError
-from grpo_dist.batch import SAMPLE_COLUMNS, sample_rows
+from grpo_dist.batch import sample_table
 from grpo_dist.rollout.manager import RolloutManager
 from grpo_dist.run import checkpoint, preflight
 from grpo_dist.run.evaluation import eval_metrics, evaluate
@@ -174,8 +174,7 @@ class Run:
         write_metrics(self.out, self.history[-1:])
         every = cfg.logging.sample_table_every
         if every and self.step % every == 0:
-            self.monitor.log_table("samples", SAMPLE_COLUMNS, sample_rows(groups, scores, cfg.logging.sample_table_rows),
-                                   self.step)
+            self.monitor.log_table(*sample_table(groups, scores, cfg.logging.sample_table_rows), self.step)
         if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
             self.save(self._resume_point)
         return m

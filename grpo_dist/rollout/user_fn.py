@@ -1,0 +1,258 @@
+"""A user-defined rollout function (``rollout.rollout_fn``): the escape hatch past environments.
+
+``rollout.rollout_fn: module.path:fn`` (or ``path/to/file.py:fn``) replaces the environment loop:
+it is called once per trajectory (``rollout.group_size`` times per dataset row) as
+``fn(client, row, **rollout.rollout_fn_kwargs)``, plain or ``async def``:
+
+* ``client`` (:class:`EngineClient`): ``generate(prompt_ids, max_tokens=, temperature=, top_p=,
+  top_k=, stop=) -> Generation(token_ids, logprobs, text, finish_reason)`` (token ids in, sampled
+  ids and their behaviour log-probs out; an ``async def`` function awaits ``agenerate``), the
+  ``tokenizer``, ``prompt_ids`` (the row's prompt as the pipeline tokenized it), ``sampling`` (the
+  run's :class:`SamplingSpec`), ``max_model_len``. Call k of a trajectory samples with a seed
+  derived from the trajectory's (the first with the trajectory's own), so runs repeat. Calls of
+  all trajectories are batched: one engine call once every running function waits on one;
+* ``row``: the dataset row, ``{"prompt": ..., **columns}``.
+
+It returns a dict: ``completion_ids`` (every token after the prompt), ``loss_mask`` (1 = trained,
+0 = not: e.g. an injected user turn) and ``logprobs`` (the behaviour log-prob of every token with
+mask 1; anything, e.g. 0.0 or None, where the mask is 0), all of one length; optional
+``prompt_ids`` (default ``client.prompt_ids``), ``reward`` (the ``env_reward`` column), ``info``
+(numeric tool counters summed into the columns as environments' are), ``stop_reason`` (default
+"done"; anything else counts as truncated) and ``messages`` (the turns after the prompt, for the
+W&B conversation table). What it returns is checked; a violation (or an exception) stops the run
+with an error naming the function. The rows become Rollouts exactly as environment trajectories
+do (same columns), so rewards, batches and the learner treat them alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from grpo_dist.envs.base import COUNTERS, acall, env_loop, run
+from grpo_dist.rollout.base import Generator, SamplingSpec
+from grpo_dist.rollout.trajectory import turn_seed
+from grpo_dist.types import Rollout, RolloutGroup
+from grpo_dist.util.plugins import load_object
+
+REQUIRED = ("completion_ids", "loss_mask", "logprobs")
+OPTIONAL = ("prompt_ids", "reward", "info", "stop_reason", "messages")
+
+
+class RolloutFnError(ValueError):
+    """What a user rollout function returned breaks the contract (or it raised)."""
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str  # "stop" | "length"
+
+
+def load_rollout_fn(spec: str) -> Callable[..., Any]:
+    """The function ``spec`` names; ValueError naming it."""
+    fn, where = load_object(spec, "rollout function", "function")
+    if not callable(fn):
+        raise ValueError(f"rollout function {spec!r}: {where} attribute is not callable")
+    return fn
+
+
+class _Batcher:
+    """Collects the generate calls of every running trajectory; once each running one waits on a
+    call, runs them as engine calls (one per distinct sampling) in a thread. Lives on the
+    environments' event loop (``grpo_dist.envs.base.env_loop``)."""
+
+    def __init__(self, engine: Generator, live: int):
+        self.engine, self.live, self.pending = engine, live, []
+        self.wake = asyncio.Event()
+
+    async def submit(self, ids: list[int], spec: SamplingSpec, seed: int | None) -> Generation:
+        fut = asyncio.get_running_loop().create_future()
+        self.pending.append((ids, spec, seed, fut))
+        self.wake.set()
+        return await fut
+
+    def finished(self) -> None:
+        self.live -= 1
+        self.wake.set()
+
+    async def drive(self) -> None:
+        while self.live > 0:
+            await self.wake.wait()
+            self.wake.clear()
+            if self.pending and len(self.pending) >= self.live:
+                batch, self.pending = self.pending, []
+                try:
+                    outs = await asyncio.to_thread(self._generate, batch)
+                except BaseException as e:  # noqa: BLE001 - every waiting function gets the engine's error
+                    for *_, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(e)
+                    continue
+                for (*_, fut), out in zip(batch, outs):
+                    if not fut.done():
+                        fut.set_result(out)
+
+    def _generate(self, batch: list) -> list[Generation]:
+        by_spec: dict[tuple, list[int]] = {}
+        for i, (_, s, _, _) in enumerate(batch):
+            by_spec.setdefault((s.max_tokens, s.temperature, s.top_p, s.top_k, tuple(s.stop)), []).append(i)
+        out: list[Any] = [None] * len(batch)
+        for idx in by_spec.values():
+            spec = batch[idx[0]][1]
+            seeds = None if any(batch[i][2] is None for i in idx) else [[batch[i][2]] for i in idx]
+            samples = self.engine.generate([batch[i][0] for i in idx], spec, seeds=seeds)
+            for i, (s,) in zip(idx, samples):
+                out[i] = Generation(list(s.token_ids), list(s.logprobs), s.text, s.finish_reason)
+        return out
+
+
+class EngineClient:
+    """What a rollout function generates with (one per trajectory)."""
+
+    def __init__(self, submit: Callable[..., Any], tokenizer: Any, prompt_ids: list[int], sampling: SamplingSpec,
+                 seed: int | None, max_model_len: int, loop: asyncio.AbstractEventLoop):
+        self._submit, self._loop, self._seed = submit, loop, seed
+        self.tokenizer, self.prompt_ids, self.sampling, self.max_model_len = tokenizer, list(prompt_ids), sampling, max_model_len
+        self.calls = 0
+
+    def _spec(self, prompt_ids: list[int], max_tokens, temperature, top_p, top_k, stop) -> SamplingSpec:
+        s = self.sampling
+        room = self.max_model_len - len(prompt_ids)
+        if room < 1:
+            raise ValueError(f"generate: {len(prompt_ids)} prompt tokens leave no room in model.max_model_len "
+                             f"{self.max_model_len}")
+        return SamplingSpec(n=1, temperature=s.temperature if temperature is None else float(temperature),
+                            top_p=s.top_p if top_p is None else float(top_p), top_k=s.top_k if top_k is None else int(top_k),
+                            max_tokens=min(room, s.max_tokens if max_tokens is None else int(max_tokens)),
+                            stop=list(s.stop if stop is None else stop))
+
+    async def agenerate(self, prompt_ids: list[int], *, max_tokens: int | None = None, temperature: float | None = None,
+                        top_p: float | None = None, top_k: int | None = None,
+                        stop: list[str] | None = None) -> Generation:
+        ids = [int(t) for t in prompt_ids]
+        spec = self._spec(ids, max_tokens, temperature, top_p, top_k, stop)
+        seed = None if spec.greedy else turn_seed(self._seed, self.calls)
+        self.calls += 1
+        return await self._submit(ids, spec, seed)
+
+    def generate(self, prompt_ids: list[int], **sampling: Any) -> Generation:
+        """Blocking: for a plain (not ``async def``) rollout function, which runs in a thread."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run_coroutine_threadsafe(self.agenerate(prompt_ids, **sampling), self._loop).result()
+        raise RuntimeError("client.generate blocks: an async rollout function awaits client.agenerate")
+
+
+class UserRollouts:
+    """``rollout.rollout_fn`` of a rollout worker: trajectories of a batch of records."""
+
+    def __init__(self, spec: str, kwargs: dict[str, Any] | None = None):
+        self.spec, self.kwargs = spec, dict(kwargs or {})
+        self.fn = load_rollout_fn(spec)
+
+    @classmethod
+    def from_config(cls, r: Any) -> "UserRollouts | None":
+        return cls(r.rollout_fn, r.rollout_fn_kwargs) if r.rollout_fn else None
+
+    def generate(self, engine: Generator, records: list[Any], prompt_ids: list[list[int]], spec: SamplingSpec,
+                 seeds: list[list[int]] | None, max_model_len: int, version: int) -> list[RolloutGroup]:
+        """``spec.n`` trajectories per record (seeds[i][j]: trajectory j of record i)."""
+        return run(self._all(engine, records, prompt_ids, spec, seeds, max_model_len, version))
+
+    async def _all(self, engine, records, prompt_ids, spec, seeds, max_model_len, version) -> list[RolloutGroup]:
+        batcher = _Batcher(engine, len(records) * spec.n)
+        loop = env_loop()
+
+        async def one(i: int, j: int) -> Rollout:
+            rec, pids = records[i], prompt_ids[i]
+            client = EngineClient(batcher.submit, engine.tokenizer, pids, spec,
+                                  seeds[i][j] if seeds is not None else None, max_model_len, loop)
+            try:
+                out = await acall(self.fn, client, dict(rec.as_example()), **self.kwargs)
+            except Exception as e:
+                raise RolloutFnError(f"rollout.rollout_fn {self.spec!r} raised on record {rec.id}: "
+                                     f"{type(e).__name__}: {e}") from e
+            finally:
+                batcher.finished()
+            return to_rollout(self.spec, rec, pids, out, client.calls, version, engine.tokenizer, max_model_len)
+
+        driver = asyncio.ensure_future(batcher.drive())
+        try:
+            flat = await asyncio.gather(*(one(i, j) for i in range(len(records)) for j in range(spec.n)))
+        finally:
+            driver.cancel()
+        return [RolloutGroup(prompt_id=rec.id, rollouts=list(flat[i * spec.n:(i + 1) * spec.n]))
+                for i, rec in enumerate(records)]
+
+
+def to_rollout(name: str, rec: Any, prompt_ids: list[int], out: Any, calls: int, version: int, tok: Any,
+               max_model_len: int) -> Rollout:
+    """The Rollout of what the function returned, after :func:`check_result`."""
+    out = check_result(name, rec.id, out, prompt_ids, max_model_len, len(tok) if tok is not None else None)
+    mask = out["loss_mask"]
+    logprobs = [float(lp) if m == 1 else 0.0 for lp, m in zip(out["logprobs"], mask)]
+    stop = str(out.get("stop_reason") or "done")
+    info = out.get("info") or {}
+    counters = {k: int(info[k]) for k in COUNTERS if isinstance(info.get(k), (int, float))}
+    cols = dict(rec.columns)
+    cols.update(stop_reason=stop, truncated=stop != "done", turns=calls, env_reward=out.get("reward"),
+                **{k: counters.get(k, 0) for k in COUNTERS})
+    ids = out["completion_ids"]
+    return Rollout(prompt_id=rec.id, prompt=rec.prompt, prompt_ids=out["prompt_ids"], completion_ids=ids,
+                   completion=tok.decode(ids, skip_special_tokens=True), logprobs=logprobs,
+                   finish_reason="stop" if stop == "done" else "length", adapter_version=version, columns=cols,
+                   loss_mask=mask, turns=calls, stop_reason=stop, messages=out.get("messages"))
+
+
+def check_result(name: str, record_id: Any, out: Any, prompt_ids: list[int], max_model_len: int,
+                 vocab: int | None) -> dict[str, Any]:
+    """``out`` as a dict with ``prompt_ids``; RolloutFnError naming ``name`` and what is wrong."""
+    def bad(msg: str) -> RolloutFnError:
+        return RolloutFnError(f"rollout.rollout_fn {name!r} returned {msg} (record {record_id})")
+
+    if not isinstance(out, dict):
+        raise bad(f"a {type(out).__name__}, not a dict with {', '.join(REQUIRED)}")
+    missing = [k for k in REQUIRED if k not in out]
+    unknown = sorted(set(out) - set(REQUIRED) - set(OPTIONAL))
+    if missing or unknown:
+        raise bad("a dict " + "; ".join(([f"without {', '.join(missing)}"] if missing else [])
+                                        + ([f"with unknown keys {', '.join(unknown)} (known: "
+                                            f"{', '.join(REQUIRED + OPTIONAL)})"] if unknown else [])))
+    out = dict(out)
+    out.setdefault("prompt_ids", prompt_ids)
+    for key in ("prompt_ids", "completion_ids", "loss_mask", "logprobs"):
+        if not isinstance(out[key], (list, tuple)) and not hasattr(out[key], "tolist"):
+            raise bad(f"{key} as a {type(out[key]).__name__}, not a list")
+        out[key] = list(out[key].tolist() if hasattr(out[key], "tolist") else out[key])
+    n = {k: len(out[k]) for k in ("completion_ids", "loss_mask", "logprobs")}
+    if len(set(n.values())) != 1:
+        raise bad("lists of different lengths: " + ", ".join(f"{k} {v}" for k, v in n.items()))
+    for key in ("prompt_ids", "completion_ids"):
+        wrong = [t for t in out[key] if isinstance(t, bool) or not isinstance(t, int) or t < 0
+                 or (vocab is not None and t >= vocab)]
+        if wrong:
+            raise bad(f"{key} with {len(wrong)} values that are not token ids (first: {wrong[0]!r}"
+                      + (f", vocabulary size {vocab})" if vocab is not None else ")"))
+    if not out["prompt_ids"]:
+        raise bad("empty prompt_ids")
+    masks = [m for m in out["loss_mask"] if m not in (0, 1)]
+    if masks:
+        raise bad(f"loss_mask values other than 0 and 1 (first: {masks[0]!r})")
+    out["loss_mask"] = [int(m) for m in out["loss_mask"]]
+    for t, (lp, m) in enumerate(zip(out["logprobs"], out["loss_mask"])):
+        if m == 1 and (isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp) or lp > 0):
+            raise bad(f"no behaviour log-prob for token {t} (loss mask 1): {lp!r} (a finite number <= 0 is needed)")
+    total = len(out["prompt_ids"]) + n["completion_ids"]
+    if total > max_model_len:
+        raise bad(f"{total} tokens (prompt + completion), more than model.max_model_len {max_model_len}")
+    if out.get("info") is not None and not isinstance(out["info"], dict):
+        raise bad(f"info as a {type(out['info']).__name__}, not a dict")
+    if out.get("reward") is not None and not isinstance(out["reward"], (int, float)):
+        raise bad(f"reward {out['reward']!r}, not a number")
+    return out
