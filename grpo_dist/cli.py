@@ -181,7 +181,9 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
             shutdown_ray()
         finally:
             lock.release()  # (a SIGKILLed run leaves it: the next run takes it over with a warning)
-    _print_summary(summary)
+    from grpo_dist.run.outputs import summary_lines
+
+    print("\n".join(summary_lines(summary)))
     return 0
 
 
@@ -205,28 +207,6 @@ def _stop_on_signals(run):
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-
-
-def _print_summary(s: dict) -> None:
-    print("\n=== grpo-dist summary ===")
-    for name in ("sampled_accuracy", "greedy_accuracy"):
-        if f"{name}_before" in s:
-            b, a = s[f"{name}_before"], s[f"{name}_after"]
-            print(f"{name:18s} before {b:.3f}  after {a:.3f}  ({a - b:+.3f})")
-    segs = f" over {s['segments']} segments" if s.get("segments", 1) > 1 else ""
-    print(f"steps {s['steps']}  wall {s['wall_seconds']:.0f} s{segs}")
-    if s.get("peak_rss_gib"):
-        print("peak RSS  " + ", ".join(f"{role} {gib:.1f} GiB" for role, gib in s["peak_rss_gib"].items())
-              + "  (each role's largest actor, its child processes included)")
-    failed = {k: v for k, v in s.get("reward_failures", {}).items() if v["failed"]}
-    for name, v in failed.items():  # under reward.max_failure_rate (else the run did not succeed)
-        print(f"reward function {name!r} failed on {v['failed']} of {v['scored']} completions ({v['rate']:.1%}): "
-              f"{v.get('first_failure', '')}")
-    print(f"adapter   {s['adapter_dir']}")
-    if s.get("wandb_sync"):  # every segment of a resumed run
-        print(f"wandb     {s['wandb_dir']}  (offline; upload: `{s['wandb_sync']}`)")
-    elif s.get("wandb_dir"):
-        print(f"wandb     {s['wandb_dir']}")
 
 
 def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> int:

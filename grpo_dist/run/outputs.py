@@ -127,3 +127,27 @@ def write_summary(out: Path, steps: int, wall: float, adapter_dir, wandb_dir, me
             summary[f"eval_{name}"] = rep
     (Path(out) / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
     return summary
+
+
+def summary_lines(s: dict) -> list[str]:
+    """What `grpo-dist train` prints at the end, from ``summary.json``."""
+    out = ["\n=== grpo-dist summary ==="]
+    for name in ("sampled_accuracy", "greedy_accuracy"):
+        if f"{name}_before" in s:
+            b, a = s[f"{name}_before"], s[f"{name}_after"]
+            out.append(f"{name:18s} before {b:.3f}  after {a:.3f}  ({a - b:+.3f})")
+    segs = f" over {s['segments']} segments" if s.get("segments", 1) > 1 else ""
+    out.append(f"steps {s['steps']}  wall {s['wall_seconds']:.0f} s{segs}")
+    if s.get("peak_rss_gib"):
+        out.append("peak RSS  " + ", ".join(f"{role} {gib:.1f} GiB" for role, gib in s["peak_rss_gib"].items())
+                   + "  (each role's largest actor, its child processes included)")
+    failed = {k: v for k, v in s.get("reward_failures", {}).items() if v["failed"]}
+    for name, v in failed.items():  # under reward.max_failure_rate (else the run did not succeed)
+        out.append(f"reward function {name!r} failed on {v['failed']} of {v['scored']} completions ({v['rate']:.1%}): "
+                   f"{v.get('first_failure', '')}")
+    out.append(f"adapter   {s['adapter_dir']}")
+    if s.get("wandb_sync"):  # every segment of a resumed run
+        out.append(f"wandb     {s['wandb_dir']}  (offline; upload: `{s['wandb_sync']}`)")
+    elif s.get("wandb_dir"):
+        out.append(f"wandb     {s['wandb_dir']}")
+    return out
