@@ -88,10 +88,14 @@ def tiny_dir() -> str:
 
 
 def model_path(name: str, dtype: str) -> str:
-    if name == "smollm2":
-        from grpo_dist.models.gguf_source import get_model
+    if name == "smollm2":  # converted once; a GPU machine without network needs this directory carried
+        from grpo_dist.models.gguf_source import cache_root, get_model, known_model
 
-        return str(get_model("smollm2-135m-instruct", log_fn=lambda *a: print("[gpu_e2e]", *a, flush=True)))
+        m = known_model("smollm2-135m-instruct")
+        done = cache_root() / "models" / f"{m.name}-{m.version}"
+        if (done / "config.json").is_file() and (done / "SOURCE.json").is_file():
+            return str(done)
+        return str(get_model(m.name, log_fn=lambda *a: print("[gpu_e2e]", *a, flush=True)))
     if name == "tiny":
         return tiny_dir()
     return qwen2_dir(name, dtype)

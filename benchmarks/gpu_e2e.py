@@ -154,14 +154,20 @@ def run_one(model_name: str, setting: str, args, extra: list[str], gpus: int, lo
           + " ".join(argv), flush=True)
     t0 = time.perf_counter()
     with e2e_parts.RolePeaks(gpu=not dry) as mem:
-        rc = cli.main(argv)
+        try:
+            rc = cli.main(argv)
+        except Exception as e:  # e.g. Ray's own start-up timeout on a starved machine: a failed row, not no table
+            rc = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+            from grpo_dist.cluster.ray_utils import shutdown_ray
+
+            shutdown_ray()
     wall = time.perf_counter() - t0
     row: dict[str, Any] = {"model": model_name, "model_run": name, "setting": setting, "rc": rc, "wall_s": wall,
                            "substituted": SUBSTITUTED[setting] if dry else "", "output_dir": out}
     peaks = mem.peaks()
     row.update({f"peak_gib_{r}": peaks[r] for r in e2e_parts.ROLES})
     if rc != 0:
-        print(f"[gpu_e2e] {model_name} / {setting}: grpo-dist train exited {rc}", flush=True)
+        print(f"[gpu_e2e] {model_name} / {setting}: grpo-dist train failed: {rc}", flush=True)
         row.update({c: None for c, _, _ in METRICS}, not_applicable=[])
         return row
     row.update(row_of(history_of(out), args.skip, sleeps=setting == "colocated" and not dry))
@@ -216,10 +222,11 @@ def table(rows: list[dict[str, Any]], memory: str) -> str:
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for r in rows:
         cells = [r["model"] + (f" ({r['model_run']})" if r["model_run"] != r["model"] else ""),
-                 r["setting"] + ("" if r["rc"] == 0 else f" (exit {r['rc']})")]
-        lines.append("| " + " | ".join(cells + [fmt(r.get(c), c) for c in COLUMNS]) + " |")
+                 r["setting"] + ("" if r["rc"] == 0 else f" (failed: {r['rc']})")]
+        lines.append("| " + " | ".join(cells + ["n/a" if c in r.get("not_applicable", []) else fmt(r.get(c), c)
+                                                for c in COLUMNS]) + " |")
     lines.append(f"times in s per step (means of the timed steps); tokens/s = completion tokens; peak_gib_* = "
-                 f"{memory}; – = not applicable or not measured")
+                 f"{memory}; n/a = not in this setting (sleep/wake: engines that sleep, colocated on GPU); – = not measured")
     return "\n".join(lines)
 
 
@@ -230,7 +237,7 @@ def check(doc: dict[str, Any]) -> list[str]:
     for r in doc["rows"]:
         tag = f"{r['model']}/{r['setting']}"
         if r["rc"] != 0:
-            problems.append(f"{tag}: exit {r['rc']}")
+            problems.append(f"{tag}: failed: {r['rc']}")
             continue
         for c in COLUMNS:
             v = r.get(c)
