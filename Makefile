@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.stamp-install
 export HF_HUB_OFFLINE ?= 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup lint test test-fast demo bench bench-pipeline bench-sync bench-trl gpu-check clean-runs
+.PHONY: setup lint test test-fast demo bench bench-pipeline bench-sync bench-trl gpu-check gpu-e2e clean-runs
 
 setup: $(STAMP)
 
@@ -71,6 +71,16 @@ bench-trl: $(STAMP)
 GPU_PY ?= python3
 gpu-check:
 	$(GPU_PY) benchmarks/gpu_check.py
+
+# One command on a GPU runs everything: the tests marked gpu (the learner on NCCL; the four settings with the
+# tiny model), then benchmarks/gpu_e2e.py: the whole pipeline through `grpo-dist train` (Ray, vLLM, reward actors,
+# DeepSpeed, sync) colocated with sleep/wake, disaggregated on GPU fractions, LoRA, full weights over the
+# collective, on SmolLM2-135M and Qwen2-0.5B's shape; one table, also as JSON (ARGS="--json out.json"); TRL's
+# GRPOTrainer on the same workload when TRL is installed. A failing test does not stop the table (the leading -).
+# The CPU rehearsal of the same code: `python benchmarks/gpu_e2e.py --dry-run` (in `make test`).
+gpu-e2e:
+	-$(GPU_PY) -m pytest -q -m gpu tests/test_gpu_learner.py tests/test_gpu_e2e.py
+	$(GPU_PY) benchmarks/gpu_e2e.py $(ARGS)
 
 clean-runs:
 	rm -rf runs

@@ -141,10 +141,17 @@ def test_config_says_what_the_collective_transport_can_carry():
     assert cfg().lora.enabled  # LoRA on CPU engines: merged (auto) in the engine
     gpu = cfg(lora={"enabled": False}, cluster={"rollout_gpus": 1, "learner_gpus": 1, "num_cpus": None})
     assert nccl_api.uses_nccl(gpu) and weight_group_engine_kwargs(gpu) == {"weight_transfer_config": {"backend": "nccl"}}
+    # one GPU shared by the learner and an engine (fractions): NCCL refuses two ranks on one device, gloo serves
+    one = cfg(lora={"enabled": False}, sync={"collective_backend": "gloo"},
+              cluster={"rollout_gpus": 0.5, "learner_gpus": 0.5, "num_cpus": None})
+    assert not nccl_api.uses_nccl(one) and weight_group_engine_kwargs(one) == {"worker_extension_cls": EXTENSION}
     for bad, why in [({"rollout": {"backend": "hf"}}, "rollout.backend: vllm"),
                      ({"rollout": {"adapter_mode": "lora"}}, "merge them"),
                      ({"cluster": {"rollout_gpus": 1, "num_cpus": None}}, "merge them"),
                      ({"lora": {"enabled": False}, "cluster": {"rollout_gpus": 1, "learner_gpus": 1, "num_cpus": None,
-                                                               "layout": "colocated"}}, "disaggregated")]:
+                                                               "layout": "colocated"}}, "disaggregated"),
+                     ({"lora": {"enabled": False}, "sync": {"collective_backend": "nccl"}}, "learner and engines on GPUs"),
+                     ({"sync": {"collective_backend": "nccl"}, "cluster": {"rollout_gpus": 1, "learner_gpus": 1,
+                                                                          "num_cpus": None}}, "merge them|full weights")]:
         with pytest.raises(ConfigError, match=why):
             cfg(**bad)

@@ -120,6 +120,10 @@ class Config(Section):
         if self.lora.enabled and c.rollout_gpus > 0:
             raise _KeyError("sync.transport", "collective with LoRA merges in CPU engines (gloo); on GPUs use "
                              "object_store for adapters (a few MB)")
+        if self.sync.collective_backend == "nccl" and (self.lora.enabled or not (c.rollout_gpus > 0 and c.learner_gpus > 0)):
+            raise _KeyError("sync.collective_backend", "nccl (vLLM's NCCL weight transfer) carries full weights between "
+                             "a learner and engines on GPUs (lora.enabled false, cluster.learner_gpus and "
+                             "cluster.rollout_gpus > 0); use auto or gloo")
         if c.rollout_gpus > 0 and c.layout == "colocated":
             raise _KeyError("sync.transport", "collective over NCCL needs a GPU per party (NCCL refuses two ranks "
                              "on one device): use cluster.layout: disaggregated, or object_store when colocated")

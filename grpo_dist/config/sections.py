@@ -199,6 +199,11 @@ class SyncConfig(Section):
     bucket_mb: float = Field(256, gt=0, description="sync.transport collective: the most MiB one broadcast carries "
                            "(the learner's extra memory for a sync is at most one bucket; a larger tensor travels "
                            "alone, in slices).")
+    collective_backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="sync.transport collective: the group's backend. auto = vLLM's NCCL weight transfer for "
+        "full weights with engines and learner on GPUs, else gloo (the vLLM worker extension, which receives on the "
+        "host and loads in place). gloo also serves GPU engines that share one device with the learner (NCCL refuses "
+        "two ranks on one device).")
     timeout_s: float = Field(600.0, gt=0, description="sync.transport collective: the timeout of forming the weight "
                              "group and of each of its collectives (an engine that died or hangs becomes an error, "
                              "never a hang); it must exceed what an engine may still be generating when a push is "

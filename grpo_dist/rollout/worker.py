@@ -165,15 +165,19 @@ class RolloutWorker(WeightGroupMember):
         asleep, self._asleep = self._asleep, False
         if asleep:  # weights first, then the KV cache: waking both at once is the known OOM
             self.engine.wake_up(["weights"])
+        t_woke = time.perf_counter()
         if update.is_lora:
             self.engine.set_adapter(update.version, str(path))
         else:
             self.engine.load_full_weights(str(path))
+        t_loaded = time.perf_counter()
         if asleep:
             self.engine.wake_up(["kv_cache"])
         self.version = update.version
         t2 = time.perf_counter()
-        return {"version": update.version, "bytes": nbytes, "seconds": t2 - t0, **clocks, "load_s": t2 - t1}
+        wake = (t_woke - t1) + (t2 - t_loaded)  # timing/sync_wake (0 unless the engine slept: colocated on GPU)
+        return {"version": update.version, "bytes": nbytes, "seconds": t2 - t0, **clocks, "load_s": t2 - t1 - wake,
+                "wake_s": wake}
 
     def _store_update(self, update: AdapterUpdate) -> tuple[AdapterUpdate, Any, int, dict[str, float]]:
         """Version v+1 (as received) as the engine will load it (merged into the base in merged

@@ -96,5 +96,8 @@ def close(group) -> None:
 
 def uses_nccl(cfg) -> bool:
     """Whether ``sync.transport: collective`` goes through vLLM's NCCL weight transfer: full
-    weights, engines and learner on GPUs (else the gloo group and the worker extension)."""
+    weights, engines and learner on GPUs (else the gloo group and the worker extension), unless
+    ``sync.collective_backend`` says gloo."""
+    if getattr(cfg.sync, "collective_backend", "auto") == "gloo":
+        return False
     return not cfg.lora.enabled and cfg.cluster.rollout_gpus > 0 and cfg.cluster.learner_gpus > 0

@@ -37,10 +37,11 @@ class Load:
 
 
 def sync_clocks(results: list[dict[str, float]]) -> dict[str, float]:
-    """``timing/sync_merge|write|load``: where the rollout workers' weight loads spent their time
-    (merging an adapter into the base, writing the version, the engine loading it), the slowest
-    worker's of each; from the ``load_update`` answers that carry them."""
-    return {f"timing/sync_{k[:-2]}": max(r[k] for r in results) for k in ("merge_s", "write_s", "load_s")
+    """``timing/sync_merge|write|load|wake``: where the rollout workers' weight loads spent their
+    time (merging an adapter into the base, writing the version, the engine loading it, a sleeping
+    engine waking: colocated on GPU), the slowest worker's of each; from the ``load_update``
+    answers that carry them."""
+    return {f"timing/sync_{k[:-2]}": max(r[k] for r in results) for k in ("merge_s", "write_s", "load_s", "wake_s")
             if results and all(k in r for r in results)}
 
 
