@@ -5,7 +5,12 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from trl_bench.floors import STAGE_FLOPS, annotate, describe
 from trl_bench.workloads import SETTINGS, STAGES, precision
+
+# the floor columns: (key in the step records, header); present when the run measured the roofs
+FLOOR_COLS = [(f"{k}_x", h) for k, h in (("generate", "generate x floor"), ("ref_logp", "ref x floor"),
+                                           ("update", "update x floor")) if k in STAGE_FLOPS]
 
 
 def _median(vals: list[float]) -> float:
@@ -18,7 +23,8 @@ def step_stats(steps: list[dict[str, float]]) -> dict[str, float]:
     s = {"steps": len(steps), "s_per_step": _median([x["step_s"] for x in steps]),
          "completions_per_s": _median([x["completions"] / x["step_s"] for x in steps]),
          "tokens_per_s": _median([x["tokens"] / x["step_s"] for x in steps])}
-    for key in ["completion_len", "reward", "others_cpu", "own_cpu"] + [k for k, _ in STAGES]:
+    for key in (["completion_len", "reward", "others_cpu", "own_cpu", "learner_tflops", "mfu"] + [k for k, _ in STAGES]
+                + [k for k, _ in FLOOR_COLS] + [k.replace("_x", "_floor_s") for k, _ in FLOOR_COLS]):
         s[key] = _median([x.get(key, float("nan")) for x in steps])
     return s
 
@@ -38,6 +44,7 @@ def summarise(runs: list[dict[str, Any]], skip: int, quiet: float | None = None)
         out["quiet"] = step_stats([x for x in pooled if x.get("others_cpu", float("nan")) < quiet])
     out["setup_s"] = [r.get("setup_s") for r in ok]
     out["threads"] = ok[0].get("threads")
+    out["learner_roof_tflops"], out["learner_threads"] = ok[0].get("learner_roof_tflops"), ok[0].get("learner_threads")
     out["machine_busy"] = [round(r.get("machine_busy", float("nan")), 3) for r in ok]
     out["load_before"] = [r.get("load_before") for r in ok]
     if len(ok) < len(runs):
@@ -56,11 +63,13 @@ def _view(s: dict[str, Any], quiet: bool) -> dict[str, Any] | None:
     return v if v and v.get("steps") else None
 
 
-def table(summary: dict[str, dict[str, Any]], rounds: int, quiet: bool = False) -> str:
+def table(summary: dict[str, dict[str, Any]], rounds: int, quiet: bool = False, floors: bool = False) -> str:
     """The markdown table: all measured steps (per-round medians in parentheses), or with
-    ``quiet`` only the steps that other processes left (nearly) alone."""
+    ``quiet`` only the steps that other processes left (nearly) alone; with ``floors`` each
+    stage's measured / floor (trl_bench/floors.py)."""
+    fcols = FLOOR_COLS if floors else []
     head = (["setting", "steps", "s/step", "completions/s", "tokens/s", "mean len"] + [h for _, h in STAGES]
-            + ["torch threads", "others' CPU"])
+            + [h for _, h in fcols] + ["torch threads", "others' CPU"])
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for name, s in summary.items():
         label, v = SETTINGS[name]["label"], _view(s, quiet)
@@ -79,7 +88,7 @@ def table(summary: dict[str, dict[str, Any]], rounds: int, quiet: bool = False) 
 
         row = [label, str(v["steps"]), both("s_per_step"), both("completions_per_s"), both("tokens_per_s", 0),
                fmt(v["completion_len"], 1)]
-        row += [fmt(v[k]) for k, _ in STAGES] + [str(s.get("threads")), f"{v['others_cpu']:.0%}"
+        row += [fmt(v[k]) for k, _ in STAGES] + [fmt(v[k], 1) for k, _ in fcols] + [str(s.get("threads")), f"{v['others_cpu']:.0%}"
                                                  if v["others_cpu"] == v["others_cpu"] else "n/a"]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
@@ -119,6 +128,11 @@ def ratios(summary: dict[str, dict[str, Any]], quiet: bool = False,
 def render(doc: dict[str, Any], quiet: float) -> str:
     """The report of a run (``doc`` as written to --json; its ``summary`` and ratios filled in here)."""
     skip, rounds = doc["skip"], doc["rounds"]
+    floor = doc.get("floor")
+    if floor:
+        for s in doc["settings"]:
+            for r in doc["runs"][s]:
+                annotate(r.get("steps", []), s, floor)
     summary = {s: summarise(doc["runs"][s], skip, quiet) for s in doc["settings"]}
     best, ratio_lines, ratio_map = ratios(summary)
     q_best, q_lines, q_map = ratios(summary, quiet=True)
@@ -128,13 +142,23 @@ def render(doc: dict[str, Any], quiet: float) -> str:
                quiet_fastest_trl=q_best, quiet_ratios_vs_fastest_trl=q_map)
     cpu = doc["cpu"]
     grpo_threads = next((s.get("threads") for n, s in summary.items() if SETTINGS[n]["kind"] == "grpo" and "threads" in s), "n/a")
+    w = doc.get("workload", {})
+    model = "SmolLM2-135M-Instruct" if doc["model"] == "smollm2" else f"small-{doc['model']}"
     out = [f"{doc['steps']} steps x {rounds} round(s), medians of steps {skip + 1}-{doc['steps']} (pooled; per round "
-           f"in parentheses); model small-{doc['model']}; 8 prompts x 8 completions, <= 32 new tokens; times in s; "
+           f"in parentheses); model {model}; {w.get('data', 'builtin:add')}; {w.get('prompts', 8)} prompts x "
+           f"{w.get('group', 8)} completions, <= {w.get('max_tokens', 32)} new tokens; times in s; "
            f"others' CPU = share of the machine other processes used during the steps",
-           table(summary, rounds), "", "Against the fastest TRL setting:", *ratio_lines, "",
+           table(summary, rounds, floors=bool(floor))]
+    if floor:
+        out += [describe(floor)]
+        out += [f"{n}: perf/learner_tflops {fmt(v['learner_tflops'] * 1e3, 1)} GFLOP/s, perf/mfu {fmt(v['mfu'], 3)} "
+                f"(the learner's own roof: {fmt((s.get('learner_roof_tflops') or float('nan')) * 1e3, 0)} GFLOP/s "
+                f"with {s.get('learner_threads')} threads)"
+                for n, s in summary.items() if (v := _view(s, False)) is not None and SETTINGS[n]["kind"] == "grpo"]
+    out += ["", "Against the fastest TRL setting:", *ratio_lines, "",
            "Against the fastest TRL setting of the same precision (fp32 / bf16):", *same_lines, "",
            f"Only the steps during which other processes used < {quiet:.0%} of the machine:",
-           table(summary, rounds, quiet=True), "", *q_lines, "",
+           table(summary, rounds, quiet=True, floors=bool(floor)), "", *q_lines, "",
            f"CPU: {cpu['model']}, {cpu['cores']} cores, avx2={'yes' if cpu['avx2'] else 'no'}, avx512f="
            f"{'yes' if cpu['avx512f'] else 'no'}, avx512_bf16={ {True: 'yes', False: 'no'}.get(cpu.get('avx512_bf16'), '?')}, "
            f"amx={'yes' if cpu['amx'] else 'no'}; torch threads: TRL "

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from trl_bench.machine import CpuShare
-from trl_bench.workloads import ROOT, SETTINGS, WORKLOAD, grpo_overrides, trl_args
+from trl_bench.workloads import ROOT, SETTINGS, WORKLOADS, grpo_overrides, prompt_rows, trl_args
 
 SCRIPT = os.path.join(ROOT, "benchmarks", "trl_compare.py")
 
@@ -32,10 +32,11 @@ def trl_worker(spec_path: str, out_path: str) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpo_dist.data.sources import load_prompts
     from grpo_dist.reward.builtin import correctness_reward
+    from grpo_dist.reward.math_answer import math_reward
 
-    w = WORKLOAD
+    w = WORKLOADS[spec.get("workload", "small")]
+    reward = {"correctness": correctness_reward, "math": math_reward}[w["reward"]]
     cur: dict[str, float] = {}
 
     def timed(cls: type, name: str, stage: str, when=None) -> None:
@@ -89,14 +90,13 @@ def trl_worker(spec_path: str, out_path: str) -> int:
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "completions/mean_length" in logs:
                 step_logs.append(dict(logs))
-    records = load_prompts("builtin:add", limit=max(64, spec["steps"] * w["prompts"]))
-    data = Dataset.from_list([{"prompt": r.prompt, "answer": r.columns["answer"]} for r in records])
+    data = Dataset.from_list(prompt_rows(spec.get("workload", "small"), spec["model"], spec["steps"]))
     tok = AutoTokenizer.from_pretrained(spec["model"])
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=getattr(torch, spec.get("weights", "float32")))
     peft = LoraConfig(r=w["lora_r"], lora_alpha=w["lora_alpha"], lora_dropout=0.0, target_modules=w["targets"],
                       task_type="CAUSAL_LM")
     t0 = time.perf_counter()
-    trainer = GRPOTrainer(model=model, reward_funcs=[correctness_reward], args=GRPOConfig(**trl_args(spec)),
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=GRPOConfig(**trl_args(spec)),
                           train_dataset=data, processing_class=tok, peft_config=peft, callbacks=[Clock()])
     setup_s = time.perf_counter() - t0
     trainer.train()
@@ -122,9 +122,9 @@ def error_line(text: str) -> str:
 
 
 def run_trl(name: str, model: str, steps: int, threads: int, gradient_checkpointing: bool, log_dir: str,
-            timeout: float) -> dict[str, Any]:
+            timeout: float, workload: str = "small") -> dict[str, Any]:
     setting = SETTINGS[name]
-    spec = dict(model=model, steps=steps, threads=threads, use_vllm=setting["use_vllm"],
+    spec = dict(model=model, steps=steps, threads=threads, use_vllm=setting["use_vllm"], workload=workload,
                 bf16=setting.get("trl_bf16", False), weights=setting.get("weights", "float32"),
                 gradient_checkpointing=gradient_checkpointing, out_dir=tempfile.mkdtemp(prefix="trl_bench_"))
     spec_path, out_path = os.path.join(log_dir, f"{name}.spec.json"), os.path.join(log_dir, f"{name}.out.json")
@@ -158,7 +158,7 @@ def run_trl(name: str, model: str, steps: int, threads: int, gradient_checkpoint
 
 # ----------------------------------------------------------------------------- grpo_dist (in process)
 
-def run_grpo(name: str, config: str, model: str, steps: int, extra: list[str]) -> dict[str, Any]:
+def run_grpo(name: str, config: str, model: str, steps: int, extra: list[str], workload: str = "small") -> dict[str, Any]:
     from grpo_dist.config import load_config
     from grpo_dist.run.run import Run
     from grpo_dist.train import train
@@ -166,7 +166,8 @@ def run_grpo(name: str, config: str, model: str, steps: int, extra: list[str]) -
     out = tempfile.mkdtemp(prefix="grpo_bench_")
     spec = SETTINGS[name]
     cfg = load_config(config, grpo_overrides(model, steps, spec["max_staleness"], out,
-                                             spec.get("overrides", []) + list(extra), workers=spec.get("workers", 1)))
+                                             spec.get("overrides", []) + list(extra), workers=spec.get("workers", 1),
+                                             workload=workload))
     t0 = time.perf_counter()
     share = CpuShare()
 
@@ -199,6 +200,7 @@ def run_grpo(name: str, config: str, model: str, steps: int, extra: list[str]) -
             "update": h.get("timing/learn_update", float("nan")),
             "learn": h.get("timing/learn", float("nan")),
             "sync": h.get("timing/sync", 0.0), "score": h.get("timing/score", 0.0),
+            "learner_tflops": h.get("perf/learner_tflops", float("nan")), "mfu": h.get("perf/mfu", float("nan")),
             **{k: h.get(f"bench/{k}", float("nan")) for k in ("machine_cpu", "own_cpu", "others_cpu")},
         })
     try:  # the machine-dependent defaults the run took (rollout.adapter_mode auto, ...), where the tree has them
@@ -207,6 +209,9 @@ def run_grpo(name: str, config: str, model: str, steps: int, extra: list[str]) -
         chosen = choices(cfg)
     except Exception:
         chosen = []
+    learners = trainer.info.get("learner") or [{}]  # the GEMM roof the learner measured (perf/mfu's peak)
+    roof = learners[0].get("peak_tflops") if isinstance(learners, list) else None
     return {"steps": recs, "setup_s": setup_s, "threads": cfg.cluster.torch_threads, "choices": chosen,
+            "learner_roof_tflops": roof, "learner_threads": learners[0].get("torch_threads"),
             "wall_s": time.perf_counter() - t0}
 
