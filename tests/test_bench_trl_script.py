@@ -56,8 +56,9 @@ def test_parse_defaults_and_overrides(tc):
     assert bf16.rollout.dtype == "bfloat16" and bf16.model.dtype == "float32"
     both = setting_config("sync2_bf16all")
     assert both.model.dtype == "bfloat16" and both.rollout.dtype is None
-    assert [n for n in tc.SETTINGS if tc.precision(n) == "bf16"] == ["trl_bf16", "trl_bf16w", "sync2_bf16",
-                                                                       "sync2_bf16all", "sync2_bf16all_c"]
+    assert [n for n in tc.SETTINGS if tc.precision(n) == "bf16"] == ["trl_bf16", "trl_bf16w", "sync_bf16all",
+                                                                       "sync2_bf16", "sync2_bf16all", "sync2_bf16all_c"]
+    assert args.config.endswith("tiny_cpu.yaml") and "sync_bf16all" not in tc.parse([])[0].settings
     # the compiled-engine settings: the eager ones plus rollout.enforce_eager false
     for eager, compiled in (("sync2", "sync2_c"), ("sync2_bf16all", "sync2_bf16all_c")):
         c, e = setting_config(compiled, workers=2), setting_config(eager, workers=2)
@@ -119,3 +120,80 @@ def test_summary_table_and_ratios(tc):
     assert same["sync2_bf16all"]["against"] == "trl_bf16w" and same["sync2_bf16all"]["tokens_per_s"] == pytest.approx(2.0)
     assert len(lines) == 2
     assert tc.error_line("x\nTraceback\n  File \"a\", line 1\nValueError: bad thing\n") == "ValueError: bad thing"
+
+
+def test_smollm2_workload_trl_gets_grpo_dists_prompts(tc, smollm2_dir):
+    """--model smollm2: the settings parse, both systems get the same algorithm settings, and TRL's
+    dataset (prompt_rows; shuffle_dataset off) holds step by step the prompts grpo_dist's seeded
+    stream yields from its config: the same chat-rendered text (SmolLM2's default system prompt)
+    and answers."""
+    from grpo_dist.config import load_config
+    from grpo_dist.data.sources import PromptStream
+    from grpo_dist.run import preflight
+
+    steps, model = 3, str(smollm2_dir)
+    args, extra = tc.parse(["--model", "smollm2", "--steps", str(steps), "--skip", "1", "--rounds", "1"])
+    assert args.settings == ["trl", "trl_bf16w", "sync", "sync_bf16all"] and args.workload == "smollm2"
+    assert args.config.endswith(os.path.join("configs", "smollm2_cpu.yaml"))
+    assert tc.parse(["--model", "smollm2", "--settings", "sync", "--steps", "2", "--skip", "1"])[0].settings == ["sync"]
+
+    def config(name):
+        spec = tc.SETTINGS[name]
+        return load_config(args.config, tc.grpo_overrides(model, steps, spec["max_staleness"], "/tmp/out",
+                                                          spec.get("overrides", []) + extra, workload="smollm2"))
+
+    cfg = config("sync")
+    assert cfg.model.dtype == "float32" and config("sync_bf16all").model.dtype == "bfloat16"
+    assert (cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout) == (16, 32, 0.0)
+    assert cfg.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    assert (cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.rollout.max_tokens) == (8, 8, 64)
+    assert cfg.rollout.temperature == 1.0 and cfg.data.chat_template and cfg.data.system_prompt is None
+    assert [f.fn for f in cfg.reward.functions] == ["math"] and cfg.data.path == "builtin:word_problems?difficulty=1"
+
+    a = tc.trl_args(dict(out_dir="o", steps=steps, use_vllm=False, gradient_checkpointing=False, bf16=True,
+                         workload="smollm2"))
+    assert a["per_device_train_batch_size"] == cfg.learner.micro_batch_size == 8
+    assert a["gradient_accumulation_steps"] * 8 == a["generation_batch_size"] == 64 and a["num_generations"] == 8
+    assert (a["max_completion_length"], a["temperature"], a["beta"], a["num_iterations"]) == (
+        cfg.rollout.max_tokens, cfg.rollout.temperature, cfg.algo.beta, cfg.algo.num_iterations)
+    assert (a["learning_rate"], a["lr_scheduler_type"], a["warmup_steps"]) == (cfg.learner.lr, "constant", 0)
+    assert cfg.learner.lr_schedule == "constant" and cfg.learner.warmup_steps == 0
+    assert a["loss_type"] == "grpo" and cfg.algo.agg == "seq-mean-token-mean"  # TRL's grpo = our seq-mean-token-mean
+    assert a["scale_rewards"] == cfg.algo.adv_scale == "group" and a["epsilon"] == cfg.algo.clip_low == cfg.algo.clip_high
+    assert (a["adam_beta1"], a["adam_beta2"]) == tuple(cfg.learner.betas) and a["max_grad_norm"] == cfg.learner.grad_clip
+    assert a["bf16"] and not a["gradient_checkpointing"] and a["shuffle_dataset"] is False
+    assert tc.SETTINGS["trl_bf16w"]["weights"] == "bfloat16" and tc.SETTINGS["trl_bf16w"]["trl_bf16"]
+    assert "weights" not in tc.SETTINGS["trl"] and not tc.SETTINGS["trl"].get("trl_bf16")
+
+    # grpo_dist's prompts, as Run.start takes them (pre-flight, then the seeded stream)
+    train, _ = preflight.prepared_data(cfg, log_fn=lambda *a: None)
+    stream = PromptStream(train, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
+    grpo = [r for _ in range(steps) for r in stream.next_batch(cfg.rollout.prompts_per_step)]
+    rows = tc.prompt_rows("smollm2", model, steps)
+    assert [r["prompt"] for r in rows] == [r.prompt for r in grpo] and len(rows) == 24
+    assert [r["answer"] for r in rows] == [r.columns["answer"] for r in grpo]
+    assert len({r["prompt"] for r in rows}) == 24  # 3 steps of 8 distinct prompts
+    p = rows[0]["prompt"]
+    assert p.startswith("<|im_start|>system\n") and p.endswith("<|im_start|>assistant\n") and "\\boxed{}" in p
+
+
+def test_floor_columns(tc):
+    """measured / floor per stage: FLOPs (2NT generate, 2NT reference, 4NT update) over the roof of the
+    stage's precision; the table gets the columns and the report the floors line."""
+    floor = {"params": 1e8, "roofs": {"fp32": 1e11, "bf16": 2e11}, "threads": 2, "prompt_tokens": [600] * 3}
+    rec = dict(step_s=40.0, completions=64.0, tokens=4000.0, completion_len=62.5, generate=18.4, ref_logp=9.2,
+               update=36.8, sync=0.0, score=0.0, others_cpu=0.0)
+    doc = {"steps": 3, "skip": 1, "rounds": 1, "model": "smollm2", "settings": ["sync", "sync_bf16all"],
+           "runs": {n: [{"steps": [dict(rec) for _ in range(3)], "threads": "auto"}] for n in ("sync", "sync_bf16all")},
+           "floor": floor, "workload": tc.WORKLOADS["smollm2"], "cpu": {"model": "x", "cores": 2, "avx2": True,
+           "avx512f": True, "amx": False}, "versions": {}, "trl_threads": 2, "grpo_dist_tree": "t",
+           "started": "s", "uptime_start": "u", "uptime_end": "u"}
+    text = tc.render(doc, 0.1)
+    fp32, bf16 = doc["summary"]["sync"], doc["summary"]["sync_bf16all"]
+    # T = 600 + 4000 = 4600 tokens: floors 9.2 s (2NT at 1e11), 9.2 s, 18.4 s in fp32; half that in bf16
+    assert (fp32["generate_x"], fp32["ref_logp_x"], fp32["update_x"]) == pytest.approx((2.0, 1.0, 2.0))
+    assert (bf16["generate_x"], bf16["ref_logp_x"], bf16["update_x"]) == pytest.approx((4.0, 2.0, 4.0))
+    assert "generate x floor" in text and "update x floor" in text and "| 2.0 | 1.0 | 2.0 |" in text
+    assert "Floors: N = 100.0M" in text and "fp32 100 GFLOP/s, bf16 200 GFLOP/s" in text
+    # generating in bfloat16 from a float32 learner: the learner's stages at the fp32 roof
+    assert tc.stage_precision("sync2_bf16", "generate") == "bf16" and tc.stage_precision("sync2_bf16", "update") == "fp32"
