@@ -79,6 +79,24 @@ def start_until_step2(model_dir, out: Path, **popen) -> subprocess.Popen:
 
 
 @pytest.mark.timeout(900)
+def resume(out: Path, says: str) -> None:
+    """``--checkpoint.resume auto`` on the run in ``out`` as a user types it; it succeeds and prints ``says``."""
+    resumed = subprocess.run([sys.executable, "-m", "grpo_dist.cli", "train", "--config", str(out / "config.yaml"),
+                              "--checkpoint.resume", "auto"], env=user_env(), capture_output=True, text=True,
+                             timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert says in resumed.stdout
+
+
+def matching_histories(whole: Path, out: Path) -> tuple[list[dict], list[dict]]:
+    """The uninterrupted run's history and the resumed one's: every step once, each step's metrics equal."""
+    want, got = history(whole), history(out)
+    assert [h["step"] for h in got] == [float(s) for s in range(1, STEPS + 1)]
+    for a, b in zip(want, got):
+        assert not same(a, b), f"step {a['step']}: {same(a, b)}"
+    return want, got
+
+
 def test_sigkilled_driver_resumes_exactly(pretrained_model_dir, whole, tmp_path):
     out = tmp_path / "killed"
     drv = start_until_step2(pretrained_model_dir, out, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -94,16 +112,8 @@ def test_sigkilled_driver_resumes_exactly(pretrained_model_dir, whole, tmp_path)
     assert 2 <= k < STEPS, done
     run_id = json.loads((out / "run.json").read_text())["run_id"]
 
-    resumed = subprocess.run([sys.executable, "-m", "grpo_dist.cli", "train", "--config", str(out / "config.yaml"),
-                              "--checkpoint.resume", "auto"], env=user_env(), capture_output=True, text=True,
-                             timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resumed from step {k} ({out / 'checkpoints' / f'step_{k:06d}'})" in resumed.stdout
-
-    want, got = history(whole), history(out)
-    assert [h["step"] for h in got] == [float(s) for s in range(1, STEPS + 1)]
-    for a, b in zip(want, got):
-        assert not same(a, b), f"step {a['step']}: {same(a, b)}"
+    resume(out, f"resumed from step {k} ({out / 'checkpoints' / f'step_{k:06d}'})")
+    want, got = matching_histories(whole, out)
     assert len({h["rollout/reward_mean"] for h in want}) > 1, "the metrics move between steps"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == STEPS and len(summary["reward_curve"]) == STEPS
@@ -155,13 +165,6 @@ def test_sigint_finishes_the_step_saves_and_resumes_exactly(pretrained_model_dir
         time.sleep(0.5)
     assert not _group_alive(drv.pid), "a process of the interrupted run is still alive"
 
-    resumed = subprocess.run([sys.executable, "-m", "grpo_dist.cli", "train", "--config", str(out / "config.yaml"),
-                              "--checkpoint.resume", "auto"], env=user_env(), capture_output=True, text=True,
-                             timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resumed from step {k}" in resumed.stdout
-    want, got = history(whole), history(out)
-    assert [h["step"] for h in got] == [float(s) for s in range(1, STEPS + 1)]
-    for a, b in zip(want, got):
-        assert not same(a, b), f"step {a['step']}: {same(a, b)}"
+    resume(out, f"resumed from step {k}")
+    matching_histories(whole, out)
     assert json.loads((out / "summary.json").read_text())["steps"] == STEPS
