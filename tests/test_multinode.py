@@ -207,28 +207,60 @@ def test_shared_dir_is_checked_on_every_node(cluster, tmp_path):
         check_shared_dir(str(blocked), "run1")
 
 
-def _job(cluster, entrypoint: str, env: dict, timeout: float = 600.0):
-    """Submit ``entrypoint`` with this repo as working_dir, its driver on n3; wait; (status, logs, info)."""
+# Every node's packaged copy of the job's working_dir; an actor's first start on a node makes that
+# node's runtime-env agent unpack it with overwrite (rmtree, then unzip).
+_WARM_ENTRYPOINT = (
+    "import ray; from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as A; ray.init(); "
+    "f = ray.remote(num_cpus=0)(lambda: 1); "
+    "print(sum(ray.get([f.options(scheduling_strategy=A(n['NodeID'], soft=False)).remote() "
+    "for n in ray.nodes() if n['Alive']])), 'nodes')")
+
+
+def _submit(client, entrypoint: str, env: dict):
     import time
 
-    from ray.job_submission import JobStatus, JobSubmissionClient
-
-    client = JobSubmissionClient(cluster.dashboard_url)
     for attempt in range(30):  # the job server may briefly have no agent between two jobs
         try:
-            job = client.submit_job(entrypoint=entrypoint, entrypoint_resources={"driver_slot": 1}, runtime_env={
+            return client.submit_job(entrypoint=entrypoint, entrypoint_resources={"driver_slot": 1}, runtime_env={
                 "working_dir": str(ROOT), "excludes": [".venv", ".cache", "runs", "models", ".git", "wandb"],
                 "env_vars": env})
-            break
         except RuntimeError as e:
             if "No available agent" not in str(e) or attempt == 29:
                 raise
             time.sleep(2)
+
+
+def _wait(client, job, timeout: float):
+    import time
+
+    from ray.job_submission import JobStatus
+
     deadline = time.time() + timeout
     while client.get_job_status(job) not in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}:
         assert time.time() < deadline, client.get_job_logs(job)[-3000:]
         time.sleep(2)
-    return client.get_job_status(job), client.get_job_logs(job), client.get_job_info(job)
+    return client.get_job_status(job)
+
+
+def _job(cluster, entrypoint: str, env: dict, timeout: float = 600.0):
+    """Submit ``entrypoint`` with this repo as working_dir, its driver on n3; wait; (status, logs, info).
+
+    A simulation artefact is handled first. The simulated nodes share one session directory, so
+    the job's package is unpacked into one path, and each node's runtime-env agent re-unpacks it
+    (rmtree, then unzip) the first time a process of the job starts on that node: a driver
+    importing a module in that moment finds it missing (ModuleNotFoundError, CI of session 11). A
+    warm-up job with the same working_dir touches every node first; each agent caches the URI and
+    does not unpack it again. On a real cluster each node unpacks into its own disk."""
+    import sys
+
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(cluster.dashboard_url)
+    warm = _submit(client, f'cd / && {sys.executable} -c "{_WARM_ENTRYPOINT}"', {})
+    assert _wait(client, warm, 300) == "SUCCEEDED", client.get_job_logs(warm)[-3000:]
+    job = _submit(client, entrypoint, env)
+    status = _wait(client, job, timeout)
+    return status, client.get_job_logs(job), client.get_job_info(job)
 
 
 def test_job_submitted_to_the_cluster_writes_every_output_to_the_requested_dir(cluster, pretrained_model_dir,

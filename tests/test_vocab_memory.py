@@ -11,9 +11,8 @@ op on the real model in test_real_model.py (slow).
 from __future__ import annotations
 
 import torch
-from torch.profiler import ProfilerActivity, profile
-
 from grpo_dist.algo.logprobs import selective_log_softmax
+from grpo_dist.util.memory import TensorPeak
 
 B, T, V = 4, 512, 49152
 FP32_BYTES = B * T * V * 4  # 403 MB: one float32 copy of the logits
@@ -28,18 +27,12 @@ def _peak(fn) -> tuple[int, float]:
     logits = torch.randn(B, T, V, generator=g, dtype=torch.bfloat16).requires_grad_()
     index = torch.randint(0, V, (B, T), generator=g)
     grad_out = torch.randn(B, T, generator=g)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with TensorPeak() as peak:
         out = fn(logits, index)
         out.backward(grad_out)
         total = float(out.detach().sum())
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    assert events, "the profiler recorded no allocations"
-    now = peak = 0
-    for e in events:
-        now += e.nbytes()
-        peak = max(peak, now)
-    return peak, total
+    assert peak.extra is not None, "the profiler recorded no allocations"
+    return peak.extra, total
 
 
 def test_selective_log_softmax_never_holds_fp32_logits_at_the_real_vocabulary():
