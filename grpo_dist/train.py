@@ -25,7 +25,7 @@ def train(run: Run) -> dict[str, Any]:
     cfg = run.start()  # workers up, resumed, evaluated before training
     rollouts, sync = run.rollouts, run.sync
     with run.stopping():  # a failing reward or a lost actor: one line, where to resume
-        while run.step < cfg.trainer.steps and not run.stop_requested:
+        while run.step < cfg.trainer.steps and not run.stop_requested and not run.out_of_time():
             step, t = run.step + 1, StepTimer()
             groups, scores, m = rollouts.scored_batch(step, t)  # generated now, or ahead while the learner trained
             batch = shape(groups, scores, run, m, learner_version=sync.version)  # advantages; staleness checked

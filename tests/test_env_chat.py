@@ -196,6 +196,21 @@ def test_tool_schemas_through_tools_or_the_system_prompt(bpe_tok):
     assert tools == env.tools and msgs == opening  # the template renders them itself
 
 
+def test_few_shot_calculator_opening_states_its_tool_itself(bpe_tok):
+    """few_shot: the short call format in the system prompt, one worked conversation (its tool
+    result is what the calculator returns), the hint after the question; no schema block."""
+    env = CalculatorEnv(few_shot=True, limits=EnvLimits())
+    opening = env.reset(PromptRecord(0, "q", {"question": "What is 2+2?"}))
+    assert [m["role"] for m in opening] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert opening[-1]["content"] == "What is 2+2? Use the calculator."
+    example = env.parser.parse(opening[2]["content"])
+    assert len(example.calls) == 1 and not example.errors
+    assert run(env.run_call(example.calls[0])).content == opening[3]["content"] == "436"
+    msgs, tools = opening_messages(bpe_tok, opening, env.tools, env.parser)
+    assert env.tools == [] and tools is None and msgs == opening and "# Tools" not in msgs[0]["content"]
+    assert env.stop == ["</tool_call>"]  # generation still stops after a call
+
+
 def test_a_long_tool_result_is_cut_in_the_middle(bpe_tok):
     long = " ".join(str(i) for i in range(300))
     msgs, cut = cap_tool_messages(bpe_tok, [{"role": "tool", "content": long}, {"role": "user", "content": long}], 20)

@@ -43,6 +43,8 @@ def test_tool_use_and_accuracy_from_the_environment_reward(pretrained_model_dir)
     assert t["tool_calls_mean"] == pytest.approx(sum(r.columns["tool_calls"] for r in flat) / n)
     assert t["tool_errors_mean"] == pytest.approx(sum(r.columns["tool_errors"] for r in flat) / n)
     assert t["tool_use_frac"] == pytest.approx(sum(r.columns["tool_calls"] > 0 for r in flat) / n)
+    calls = sum(r.columns["tool_calls"] for r in flat)
+    assert calls > 0 and t["tool_call_ok_frac"] == pytest.approx(1 - sum(r.columns["tool_errors"] for r in flat) / calls)
     assert sum(t["stop_reasons"].values()) == n and set(t["stop_reasons"]) <= {"done", "length"}
     # no reward checks a reference column: a trajectory is correct when its environment gave >= 1
     scores = RewardResult(total=[0.0] * n, per_function={})

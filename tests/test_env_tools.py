@@ -212,3 +212,12 @@ def test_guess_number_feedback_and_the_env_reward_function():
     won = env.step("37")
     assert won.done and won.reward == 1.0 and env.guesses == [50, 20, 37]
     assert env_reward(["p"] * 3, ["c"] * 3, env_reward=[1.0, None, 0.5]) == [1.0, 0.0, 0.5]
+
+
+def test_tool_reward_columns():
+    from grpo_dist.envs.rewards import tool_call_ok, tool_errors_penalty
+
+    kw = {"tool_calls": [0, 1, 2, 1, None], "tool_errors": [0, 0, 1, None, None]}
+    assert tool_call_ok(["p"] * 5, ["c"] * 5, **kw) == [0.0, 1.0, 0.0, 1.0, 0.0]
+    assert tool_errors_penalty(["p"] * 5, ["c"] * 5, **kw) == [0.0, 0.0, -1.0, 0.0, 0.0]
+    assert tool_call_ok(["p"] * 2, ["c"] * 2) == [0.0, 0.0]  # a single-turn rollout has no such columns

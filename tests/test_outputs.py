@@ -129,3 +129,24 @@ def test_summary_lines_say_before_after_memory_and_failures():
     assert lines[lines.index("steps 24  wall 1337 s") + 1].startswith("peak RSS  learner 4.7 GiB, rollout 6.5 GiB")
     assert [ln for ln in lines if ln.startswith("reward function")] == [
         "reward function 'math' failed on 2 of 1536 completions (0.1%): timeout"]
+
+
+def test_max_minutes_stops_before_a_step_that_would_end_past_the_budget(monkeypatch, capsys):
+    """trainer.max_minutes 1 with 20 s steps: steps 1-3 run (the 3rd ends at 60 s), no 4th; then
+    a step of 10 s more would, at the mean, end past it. The summary line says why it stopped."""
+    import grpo_dist.run.run as run_mod
+    from grpo_dist.run.outputs import summary_lines
+
+    clock = [100.0]
+    monkeypatch.setattr(run_mod.time, "perf_counter", lambda: clock[0])
+    run = run_mod.Run(load_config(None, {"trainer": {"max_minutes": 1, "steps": 100}}))
+    assert not run.out_of_time()  # the first step always starts
+    for step, t in ((1, 120.0), (2, 140.0)):
+        run.step, clock[0] = step, t
+        assert not run.out_of_time(), step  # 20 s done per step: the next ends by 60 s
+    run.step, clock[0] = 3, 150.0  # 50 s for 3 steps: the 4th would end at ~66.7 s
+    assert run.out_of_time() and run.stopped == "max_minutes"
+    assert "stopping after step 3 of 100 (0.8 min of steps, 17 s each)" in capsys.readouterr().out
+    assert not run_mod.Run(load_config(None, {})).out_of_time()  # no budget
+    assert "steps 3  wall 61 s  (trainer.max_minutes reached)" in summary_lines(
+        {"steps": 3, "wall_seconds": 61.0, "adapter_dir": "/r/adapter", "stopped": "max_minutes"})

@@ -283,6 +283,11 @@ class TrainerConfig(Section):
     run_id: Optional[str] = Field(None, description="Run id (default: made at start and kept in "
                                   "<output_dir>/run.json, so a resumed run keeps it); names the W&B run and the "
                                   "run's directory under cluster.shared_dir.")
+    max_minutes: Optional[float] = Field(None, gt=0, description="A time budget for the training steps (this "
+                                         "process, from the first step on; evaluation before training not counted): "
+                                         "no step starts that would end past it at the mean step time so far; the run "
+                                         "then finishes as after trainer.steps (evaluation after, final adapter, "
+                                         "summary with stopped: max_minutes). null = no budget.")
     eval_every: int = Field(0, ge=0, description="Evaluate every k steps (0 = only before and after).")
     eval_before_after: bool = Field(True, description="Evaluate held-out accuracy before and after training.")
     max_staleness: Union[int, Literal["auto"]] = Field(

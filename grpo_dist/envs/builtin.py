@@ -82,9 +82,31 @@ CODE_PROMPT = ("Solve the word problem. You can run Python code with the python 
                "know the result, reply with the final answer as a number.")
 
 
+# few_shot: a short statement of the call format and one worked conversation. Probe on SmolLM2-135M-Instruct
+# (T 0.7, 32 held-out problems x 4, first turn): the schema prompt gives 2% attempted calls and 0% well-formed;
+# this prompt with the question's " Use the calculator." 88% attempted, 81% well-formed (NOTES, session 12).
+_CALL = '<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{}"}}}}\n</tool_call>'
+FEW_SHOT_PROMPT = ("You can use a calculator. To use it, reply with only:\n" + _CALL.format("<expression>")
+                   + "\nThe result comes back in the next message. Then give the final answer.")
+FEW_SHOT_EXAMPLE = [
+    {"role": "user", "content": "A baker makes 23 trays of 17 rolls and 45 more rolls. How many rolls does the baker "
+                                "make? Use the calculator."},
+    {"role": "assistant", "content": _CALL.format("23 * 17 + 45")},
+    {"role": "tool", "name": "calculator", "content": "436"},
+    {"role": "assistant", "content": "The baker makes 436 rolls."},
+]
+
+
 @register_env("calculator")
 class CalculatorEnv(ToolEnv):
-    def __init__(self, system_prompt: str | None = CALCULATOR_PROMPT, **kwargs: Any):
+    """``few_shot``: for small models that have not learned tool calls (``FEW_SHOT_PROMPT``, one
+    worked example, " Use the calculator." after each question); otherwise the schema statement."""
+
+    def __init__(self, system_prompt: str | None = CALCULATOR_PROMPT, few_shot: bool = False, **kwargs: Any):
+        if few_shot:
+            kwargs = {"examples": FEW_SHOT_EXAMPLE, "question_suffix": " Use the calculator.", "state_tools": False,
+                      **kwargs}
+            system_prompt = FEW_SHOT_PROMPT if system_prompt == CALCULATOR_PROMPT else system_prompt
         super().__init__([calculator], system_prompt=system_prompt, **kwargs)
 
 

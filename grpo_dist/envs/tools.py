@@ -95,11 +95,21 @@ class ToolEnv:
 
     def __init__(self, tools: list[Any] = (), *, system_prompt: str | None = None, question_column: str = "question",
                  answer_column: str = "answer", stop_after_call: bool | None = None, parser: str | None = None,
+                 examples: list[dict[str, Any]] | None = None, question_suffix: str = "", state_tools: bool = True,
                  limits: EnvLimits | None = None):
+        """``examples``: demonstration messages (a worked conversation: user, assistant call, tool
+        result, assistant answer) between the system prompt and the question; prompt tokens, never
+        trained on. ``question_suffix`` is appended to each question. ``state_tools=False``: the
+        system prompt describes the tools itself, so neither the template's ``tools=`` nor the
+        parser's generic statement of the schemas is added (a small model follows a short
+        instruction and one example better than a block of JSON schemas)."""
         self.limits = limits or EnvLimits()
         self.tool_list = [as_tool(t) for t in tools]
         self.by_name = {t.name: t for t in self.tool_list}
-        self.tools = [t.schema for t in self.tool_list]  # for the chat template's tools=
+        # for the chat template's tools= (or the parser's statement in the system prompt)
+        self.tools = [t.schema for t in self.tool_list] if state_tools else []
+        self.examples = [dict(m) for m in examples or []]
+        self.question_suffix = question_suffix
         self.parser = get_parser(parser or self.limits.tool_parser)
         after = self.limits.max_parallel_calls == 1 if stop_after_call is None else stop_after_call
         self.stop = list(self.parser.stop) if after and self.tool_list else []
@@ -107,12 +117,12 @@ class ToolEnv:
         self.record: Any = None
 
     def question(self, record: Any) -> str:
-        return str((record.columns or {}).get(self.question_column) or record.prompt)
+        return str((record.columns or {}).get(self.question_column) or record.prompt) + self.question_suffix
 
     def reset(self, record: Any) -> list[dict[str, Any]]:
         self.record = record
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        return system + [{"role": "user", "content": self.question(record)}]
+        return system + [dict(m) for m in self.examples] + [{"role": "user", "content": self.question(record)}]
 
     async def step(self, completion: str) -> EnvStep:
         parsed = self.parser.parse(completion)

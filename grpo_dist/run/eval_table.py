@@ -8,7 +8,7 @@ from typing import Any
 _ROWS = [("sampled_accuracy", "sampled_acc"), ("greedy_accuracy", "greedy_acc")]
 # multi-turn environments (run/evaluation.py tool_use)
 _TOOL_ROWS = [("turns_mean", "turns/traj"), ("tool_calls_mean", "tool_calls/traj"), ("tool_use_frac", "tool_use_frac"),
-              ("tool_errors_mean", "tool_errors/traj")]
+              ("tool_call_ok_frac", "tool_call_ok"), ("tool_errors_mean", "tool_errors/traj")]
 
 
 def _rows(rep: dict[str, Any]) -> list[tuple[str, str]]:

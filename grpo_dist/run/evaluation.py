@@ -65,7 +65,7 @@ def env_scored(groups: list[Any]) -> bool:
     return any(r.loss_mask is not None and r.columns.get("env_reward") is not None for g in groups for r in g.rollouts)
 
 
-TOOL_USE = ("turns_mean", "tool_calls_mean", "tool_use_frac", "tool_errors_mean", "tool_error_frac")
+TOOL_USE = ("turns_mean", "tool_calls_mean", "tool_use_frac", "tool_call_ok_frac", "tool_errors_mean", "tool_error_frac")
 
 
 def tool_use(groups: list[Any]) -> dict[str, Any]:
@@ -80,6 +80,9 @@ def tool_use(groups: list[Any]) -> dict[str, Any]:
     out: dict[str, Any] = {k: m[k] for k in TOOL_USE if k in m}
     out.setdefault("tool_calls_mean", 0.0)
     out["tool_use_frac"] = sum(int(r.columns.get("tool_calls") or 0) > 0 for r in flat) / len(flat)
+    calls = sum(int(r.columns.get("tool_calls") or 0) for r in flat)
+    if calls:  # the calls that parsed, named a known tool with good arguments and ran without error
+        out["tool_call_ok_frac"] = 1.0 - sum(int(r.columns.get("tool_errors") or 0) for r in flat) / calls
     out["stop_reasons"] = {k.split("/", 1)[1]: int(v) for k, v in m.items() if k.startswith("stop_reason/")}
     return out
 

@@ -137,7 +137,8 @@ def summary_lines(s: dict) -> list[str]:
             b, a = s[f"{name}_before"], s[f"{name}_after"]
             out.append(f"{name:18s} before {b:.3f}  after {a:.3f}  ({a - b:+.3f})")
     segs = f" over {s['segments']} segments" if s.get("segments", 1) > 1 else ""
-    out.append(f"steps {s['steps']}  wall {s['wall_seconds']:.0f} s{segs}")
+    early = "  (trainer.max_minutes reached)" if s.get("stopped") == "max_minutes" else ""
+    out.append(f"steps {s['steps']}  wall {s['wall_seconds']:.0f} s{segs}{early}")
     if s.get("peak_rss_gib"):
         out.append("peak RSS  " + ", ".join(f"{role} {gib:.1f} GiB" for role, gib in s["peak_rss_gib"].items())
                    + "  (each role's largest actor, its child processes included)")

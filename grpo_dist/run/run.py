@@ -65,6 +65,9 @@ class Run:
         self.stop_requested: str | None = None  # a signal's name: stop after the current step
         self._saved_step = -1  # the step of the last checkpoint written
         self._watch_point: dict = {}  # the reward failure counts up to the last finished step
+        self._loop_t0: float | None = None  # when this process's first step started (trainer.max_minutes)
+        self._loop_steps0 = 0
+        self.stopped: str | None = None  # why training ended before trainer.steps (max_minutes)
 
     # ------------------------------------------------------------------------------- start
     def start(self) -> Config:
@@ -179,6 +182,25 @@ class Run:
             self.save(self._resume_point)
         return m
 
+    def out_of_time(self) -> bool:
+        """``trainer.max_minutes``: True (once, with a line saying so) when the next step, at the
+        mean step time of this process so far, would end past the budget."""
+        budget = self.cfg.trainer.max_minutes
+        if budget is None:
+            return False
+        now = time.perf_counter()
+        if self._loop_t0 is None:
+            self._loop_t0, self._loop_steps0 = now, self.step
+            return False
+        done = self.step - self._loop_steps0
+        elapsed = now - self._loop_t0
+        if done == 0 or elapsed + elapsed / done <= budget * 60:
+            return False
+        self.stopped = "max_minutes"
+        print(f"trainer.max_minutes {budget:g}: stopping after step {self.step} of {self.cfg.trainer.steps} "
+              f"({elapsed / 60:.1f} min of steps, {elapsed / done:.0f} s each)", flush=True)
+        return True
+
     # ------------------------------------------------------------------------------- end
     def request_stop(self, why: str) -> None:
         """Stop at the end of the current step (a signal handler calls this: it only sets a flag)."""
@@ -211,6 +233,7 @@ class Run:
                                 reward_failures=watch.report(),
                                 extra={"wall_seconds_this_segment": time.perf_counter() - self._t0,
                                        "segments": self._segments, "peak_rss_gib": memory,
+                                       **({"stopped": self.stopped} if self.stopped else {}),
                                        **wandb_segments(cfg)})
         self.monitor.summary({k: v for k, v in summary.items() if not isinstance(v, dict)})
         try:  # no run succeeds in which a reward function failed past reward.max_failure_rate
