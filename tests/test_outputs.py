@@ -150,3 +150,17 @@ def test_max_minutes_stops_before_a_step_that_would_end_past_the_budget(monkeypa
     assert not run_mod.Run(load_config(None, {})).out_of_time()  # no budget
     assert "steps 3  wall 61 s  (trainer.max_minutes reached)" in summary_lines(
         {"steps": 3, "wall_seconds": 61.0, "adapter_dir": "/r/adapter", "stopped": "max_minutes"})
+
+
+def test_the_console_eta_is_capped_by_max_minutes(monkeypatch, capsys):
+    import grpo_dist.run.monitor.console as con
+
+    clock = [1000.0]
+    monkeypatch.setattr(con.time, "perf_counter", lambda: clock[0])
+    for budget, want in ((None, "eta 9:00"), (5, "eta 4:00 (trainer.max_minutes)"), (60, "eta 9:00")):
+        m = con.ConsoleMonitor(enabled=True, max_minutes=budget)
+        m.live = False
+        m.start(10)
+        clock[0] += 60.0
+        m.log({"train/loss": 0.0, "timing/step": 60.0}, 1)  # one 60 s step of 10: 9 left
+        assert capsys.readouterr().out.rstrip().endswith(want), budget

@@ -93,6 +93,6 @@ def make_monitor(cfg: Config):
     from grpo_dist.run.monitor import ConsoleMonitor, MultiMonitor, WandbMonitor
 
     wb = WandbMonitor.from_config(cfg)
-    multi = MultiMonitor([wb, ConsoleMonitor(enabled=cfg.logging.progress)])
+    multi = MultiMonitor([wb, ConsoleMonitor(enabled=cfg.logging.progress, max_minutes=cfg.trainer.max_minutes)])
     multi.wandb_dir = wb.run_dir
     return multi

@@ -32,7 +32,9 @@ def eta(seconds: float) -> str:
 
 
 class ConsoleMonitor(Monitor):
-    def __init__(self, enabled: bool = True, console: Console | None = None):
+    def __init__(self, enabled: bool = True, console: Console | None = None, max_minutes: float | None = None):
+        """``max_minutes`` (trainer.max_minutes): the ETA is at most what is left of that budget."""
+        self.max_minutes = max_minutes
         self.console = console or Console(stderr=False)
         self.live = enabled and self.console.is_terminal and sys.stdout.isatty()
         self.enabled = enabled
@@ -61,7 +63,11 @@ class ConsoleMonitor(Monitor):
         done, t_first = self._first
         left = ""
         if step < self.total and step > done:
-            left = f"  eta {eta((time.perf_counter() - t_first) / (step - done) * (self.total - step))}"
+            spent = time.perf_counter() - t_first
+            seconds, why = spent / (step - done) * (self.total - step), ""
+            if self.max_minutes is not None and self.max_minutes * 60 - spent < seconds:
+                seconds, why = max(0.0, self.max_minutes * 60 - spent), " (trainer.max_minutes)"
+            left = f"  eta {eta(seconds)}{why}"
         print(f"step {step}/{self.total}  {info}{left}", flush=True)
 
     def close(self) -> None:
