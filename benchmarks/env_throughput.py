@@ -4,6 +4,8 @@ environment, one invocation.
 
     python benchmarks/env_throughput.py --model DIR [--prompts 8 --group 4 --max-turns 4 \
         --max-tokens 16 --latency 0.5]
+    python benchmarks/env_throughput.py --env calculator --model .cache/models/smollm2-135m-instruct-0.1.2 \
+        --prompts 8 --group 8 --max-turns 3 --max-tokens 48 --max-model-len 1024
 
 The environment (:class:`LatencyTool`) answers each turn like a tool that takes a while: it awaits
 a seeded random latency (exponential, mean ``--latency`` s; a tool in another process or actor
@@ -48,16 +50,22 @@ class LatencyTool:
 def config(args):
     from grpo_dist.config import load_config
 
+    if args.env == "calculator":  # the real environment: its tool answers at once
+        env = {"env": "calculator", "env_kwargs": {"few_shot": True}, "temperature": args.temperature}
+    else:
+        env = {"env": f"{Path(__file__).resolve()}:LatencyTool",
+               "env_kwargs": {"latency": args.latency, "max_turns": args.max_turns}}
     return load_config(None, {
         "model": {"path": args.model, "max_model_len": args.max_model_len}, "lora": {"enabled": False},
         "rollout": {"backend": "vllm", "group_size": args.group, "max_tokens": args.max_tokens,
-                    "env": f"{Path(__file__).resolve()}:LatencyTool", "max_turns": args.max_turns,
-                    "env_kwargs": {"latency": args.latency, "max_turns": args.max_turns}}})
+                    "max_turns": args.max_turns, **env}})
 
 
 def records(args):
     from grpo_dist.data import make_task
 
+    if args.env == "calculator":
+        return make_task("tool_problems", args.prompts, seed=3, split="eval")
     return make_task("add", args.prompts, seed=3, split="eval")
 
 
@@ -111,7 +119,11 @@ def main() -> None:
     ap.add_argument("--max-turns", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--max-model-len", type=int, default=256)
-    ap.add_argument("--latency", type=float, default=0.5)
+    ap.add_argument("--latency", type=float, default=0.5, help="latency env: the tool's mean seconds")
+    ap.add_argument("--env", choices=["latency", "calculator"], default="latency",
+                    help="latency: the scripted tool above; calculator: the built-in calculator environment "
+                         "(few_shot) on builtin:tool_problems, e.g. with SmolLM2-135M-Instruct")
+    ap.add_argument("--temperature", type=float, default=0.7, help="calculator env: sampling temperature")
     args = ap.parse_args()
     a_groups, a_wall = lock_step(args)
     b_groups, b_wall = per_trajectory(args)

@@ -33,7 +33,6 @@ from grpo_dist.rollout.worker import RolloutWorker
 from grpo_dist.types import PromptRecord
 
 HELPERS = Path(__file__).parent / "env_helpers.py"
-SMOL = Path("/work/main/.cache/models/smollm2-135m-instruct-0.1.2")
 
 
 @pytest.fixture(scope="module")
@@ -220,13 +219,13 @@ def test_a_long_tool_result_is_cut_in_the_middle(bpe_tok):
     assert long.startswith(head) and tail.startswith(f"{n - 20} tokens cut]...\n") and long.endswith(tail.split("\n")[-1])
 
 
-@pytest.mark.skipif(not (SMOL / "tokenizer.json").is_file(), reason="SmolLM2-135M-Instruct not converted here")
-def test_smollm2_template_and_tokenizer():
+@pytest.mark.slow  # the first use converts the model (~40 s; tests/test_real_model.py shares it)
+def test_smollm2_template_and_tokenizer(smollm2_dir):
     import random
 
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(SMOL)
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
     check_template(tok)  # plain ChatML: prefix-preserving, any role
     assert not takes_tools(tok, CalculatorEnv(limits=EnvLimits()).tools)  # no tools= support: system prompt
     enc = MessageEncoder(tok)

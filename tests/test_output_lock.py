@@ -26,8 +26,10 @@ from grpo_dist.run.lock import LOCK_FILE, OutputLock, probe
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# SIGINT back to Python's handler: a child of a background job (`make test &`) inherits it ignored.
 HOLDER = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from grpo_dist.run.lock import OutputLock
 with OutputLock(sys.argv[1]):
     print("held", flush=True)
