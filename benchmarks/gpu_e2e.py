@@ -171,6 +171,8 @@ def run_one(model_name: str, setting: str, args, extra: list[str], gpus: int, lo
         row.update({c: None for c, _, _ in METRICS}, not_applicable=[])
         return row
     row.update(row_of(history_of(out), args.skip, sleeps=setting == "colocated" and not dry))
+    if not dry:  # the reward actor holds no GPU memory: nvidia-smi lists no process of it (H100, 2026-11-26)
+        row["not_applicable"] = list(row["not_applicable"]) + ["peak_gib_reward"]
     print(f"[gpu_e2e] {model_name} / {setting}: {row['s_per_step']:.3f} s/step, wall {wall:.0f} s", flush=True)
     return row
 

@@ -50,8 +50,7 @@ def eval_table(report: dict[str, Any]) -> list[str]:
             a = _get(adapter, key)
             line += f"{a:10.3f}{a - b:+9.3f}" if a is not None else f"{'-':>10s}"
         lines.append(line)
-    if base.get("note"):
-        lines.append(f"note: {base['note']}")
+    # base["note"] (what decided accuracy) is logged once while evaluating, above the table
     lines.append(f"report: {report['report_path']} (with {len(base.get('samples', []))} prompts and their "
                  f"completions per model)")
     if report.get("wandb_dir"):
