@@ -36,8 +36,16 @@ def trl_worker(spec_path: str, out_path: str) -> int:
     from grpo_dist.reward.math_answer import math_reward
 
     w = WORKLOADS[spec.get("workload", "small")]
-    reward = {"correctness": correctness_reward, "math": math_reward}[w["reward"]]
     cur: dict[str, float] = {}
+    tools = {}
+    if "env" in w:  # multi-turn: TRL's tool loop with grpo_dist's calculator function (trl_bench/tool_workload.py)
+        from grpo_dist.envs.builtin import calculator
+        from trl_bench.tool_workload import calculator_answer, count_turns
+
+        reward, tools = calculator_answer, {"tools": [calculator]}
+        count_turns(GRPOTrainer, cur)
+    else:
+        reward = {"correctness": correctness_reward, "math": math_reward}[w["reward"]]
 
     def timed(cls: type, name: str, stage: str, when=None) -> None:
         orig = getattr(cls, name)
@@ -83,6 +91,8 @@ def trl_worker(spec_path: str, out_path: str) -> int:
             rec = dict(cur, step_s=now - marks["last"], **share.take())
             rec["generate"] = rec.get("generate", 0.0) - rec.get("sync", 0.0)
             rec["update"] = rec["step_s"] - rec.get("prepare", 0.0)
+            if rec.get("trajectories"):
+                rec["turns"] = rec.pop("turns_sum") / rec.pop("trajectories")
             steps.append(rec)
             cur.clear()
             marks["last"] = now
@@ -97,13 +107,15 @@ def trl_worker(spec_path: str, out_path: str) -> int:
                       task_type="CAUSAL_LM")
     t0 = time.perf_counter()
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=GRPOConfig(**trl_args(spec)),
-                          train_dataset=data, processing_class=tok, peft_config=peft, callbacks=[Clock()])
+                          train_dataset=data, processing_class=tok, peft_config=peft, callbacks=[Clock()], **tools)
     setup_s = time.perf_counter() - t0
     trainer.train()
     n = w["prompts"] * w["group"]
     for rec, log in zip(steps, step_logs):
         rec["completion_len"] = float(log["completions/mean_length"])
         rec["reward"] = float(log.get("reward", float("nan")))
+        if "tools/call_frequency" in log:  # tool calls per trajectory
+            rec["tool_calls"] = float(log["tools/call_frequency"])
     for rec in steps:
         rec["completions"] = float(n)
         rec["tokens"] = rec.get("completion_len", float("nan")) * n
@@ -189,11 +201,14 @@ def run_grpo(name: str, config: str, model: str, steps: int, extra: list[str], w
                 "wall_s": time.perf_counter() - t0}
     recs = []
     for h in trainer.history:
-        step = h["timing/step"]
+        step, n = h["timing/step"], h.get("rollout/num_completions", float("nan"))
+        # multi-turn: the sampled tokens (TRL's completions/mean_length counts only those: tool results left out)
+        sampled = h.get("rollout/sampled_length_mean")
         recs.append({
-            "step_s": step, "completions": h.get("rollout/num_completions", float("nan")),
-            "tokens": h.get("perf/tokens_per_s", float("nan")) * step,
-            "completion_len": h.get("rollout/completion_length_mean", float("nan")),
+            "step_s": step, "completions": n,
+            "tokens": h.get("perf/tokens_per_s", float("nan")) * step if sampled is None else sampled * n,
+            "completion_len": h.get("rollout/completion_length_mean", float("nan")) if sampled is None else sampled,
+            "turns": h.get("rollout/turns_mean", float("nan")), "tool_calls": h.get("rollout/tool_calls_mean", float("nan")),
             "reward": h.get("rollout/reward_mean", float("nan")),
             "generate": h.get("timing/generate", 0.0) + h.get("timing/generate_wait", 0.0),
             "ref_logp": h.get("timing/learn_ref_old", float("nan")),

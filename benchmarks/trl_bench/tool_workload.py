@@ -1,0 +1,138 @@
+"""The ``calculator`` workload (issue 25): multi-turn tool use, grpo_dist's calculator environment
+against TRL's ``GRPOTrainer(tools=[calculator])`` on the same model, prompts and tool.
+
+TRL's tool loop needs a chat template that renders ``tool_calls`` (``supports_tool_calling``) and
+one it knows by its exact text (``add_response_schema``, to parse calls); SmolLM2-135M-Instruct's
+own ChatML template renders neither. So both systems get a copy of the converted SmolLM2 model
+(weights symlinked) whose chat template is Qwen2.5's (``qwen2_5.jinja`` here, byte-identical to
+TRL 1.16's ``trl/chat_templates/qwen2_5.jinja``; SmolLM2's vocabulary has ``<|im_start|>`` and
+``<|im_end|>``, the template's only special tokens). grpo_dist's pre-flight accepts it (it is
+prefix-preserving) and passes the tool's schema through its ``tools=`` (``envs/chat.py``
+``takes_tools``), as TRL does.
+
+Both systems open every trajectory with the same messages: ``CalculatorEnv(few_shot=True,
+state_tools=True).reset(record)`` (the short call format and one worked call, then the question
+with " Use the calculator."; the schema in the template's tools block), for the records of
+grpo_dist's seeded prompt stream in its order (TRL with ``shuffle_dataset=False``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TEMPLATE = os.path.join(HERE, "qwen2_5.jinja")  # TRL 1.16's trl/chat_templates/qwen2_5.jinja (Apache-2.0)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+
+
+def template_text() -> str:
+    with open(TEMPLATE, encoding="utf-8") as f:
+        return f.read()
+
+
+def make_tool_model(src: str, dst: str, log=print) -> str:
+    """``dst``: the model of ``src`` (symlinked files) with its tokenizer's chat template replaced by
+    Qwen2.5's; made once (atomically), kept while its template equals ``qwen2_5.jinja``."""
+    from transformers import AutoTokenizer
+
+    want = template_text()
+    if os.path.isfile(os.path.join(dst, "config.json")):
+        if AutoTokenizer.from_pretrained(dst).chat_template == want:
+            return dst
+        shutil.rmtree(dst)
+    os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=os.path.basename(dst) + ".", dir=os.path.dirname(dst) or ".")
+    src = os.path.abspath(src)
+    for name in os.listdir(src):
+        if name not in TOKENIZER_FILES and not name.startswith("."):
+            os.symlink(os.path.join(src, name), os.path.join(tmp, name))
+    tok = AutoTokenizer.from_pretrained(src)
+    missing = [t for t in ("<|im_start|>", "<|im_end|>") if tok.convert_tokens_to_ids(t) in (None, tok.unk_token_id)]
+    if missing:
+        raise ValueError(f"{src}: the Qwen2.5 template needs the tokens {missing}, not in this vocabulary")
+    tok.chat_template = want
+    tok.save_pretrained(tmp)
+    os.replace(tmp, dst)
+    log(f"[trl_compare] made {dst}: {src} with the Qwen2.5 chat template (TRL's tool loop parses its calls)")
+    return dst
+
+
+def calculator_env(w: dict[str, Any]):
+    from grpo_dist.envs.builtin import CalculatorEnv
+
+    return CalculatorEnv(**w["env_kwargs"])
+
+
+def records(w: dict[str, Any], steps: int) -> list:
+    """The records of ``steps`` steps in the order of grpo_dist's seeded prompt stream."""
+    from grpo_dist.data.sources import PromptStream, load_prompts
+
+    recs = load_prompts(w["data"], split="train")
+    return PromptStream(recs, seed=w["seed"]).next_batch(steps * w["prompts"])
+
+
+def prompt_rows(w: dict[str, Any], steps: int) -> list[dict[str, Any]]:
+    """TRL's dataset: ``prompt`` = the environment's opening messages (conversational), ``answer``."""
+    env = calculator_env(w)
+    return [{"prompt": env.reset(r), "answer": r.columns["answer"]} for r in records(w, steps)]
+
+
+def rendered_prompts(w: dict[str, Any], model_path: str, steps: int) -> list[str]:
+    """The opening of each trajectory as text, as grpo_dist renders it (``envs/chat.py``)."""
+    from transformers import AutoTokenizer
+
+    from grpo_dist.envs.chat import opening_messages, render
+
+    tok, env = AutoTokenizer.from_pretrained(model_path), calculator_env(w)
+    out = []
+    for r in prompt_rows(w, steps):
+        msgs, tools = opening_messages(tok, r["prompt"], env.tools, env.parser)
+        out.append(render(tok, msgs, True, tools))
+    return out
+
+
+def calculator_answer(completions: list[list[dict[str, Any]]], answer: list[str], **kwargs: Any) -> list[float]:
+    """TRL's reward: 1 if the last assistant message makes no tool call and its last number is the
+    answer (what grpo_dist's calculator environment scores into ``env_reward``)."""
+    from grpo_dist.envs.tools import numbers_equal
+
+    out = []
+    for msgs, want in zip(completions, answer):
+        last = msgs[-1] if msgs else {}
+        ok = last.get("role") == "assistant" and not last.get("tool_calls") and numbers_equal(
+            str(last.get("content") or ""), want)
+        out.append(1.0 if ok else 0.0)
+    return out
+
+
+def count_turns(trainer_cls: type, cur: dict[str, float]) -> None:
+    """Wrap TRL's ``_tool_call_loop``: the assistant messages of each trajectory (turns) and the
+    trajectories, added into ``cur`` (``turns_sum``, ``trajectories``)."""
+    orig = trainer_cls._tool_call_loop
+
+    def wrapper(self, *a, **k):
+        out = orig(self, *a, **k)
+        completions = out[1]
+        cur["turns_sum"] = cur.get("turns_sum", 0.0) + sum(
+            sum(1 for m in msgs if m.get("role") == "assistant") for msgs in completions)
+        cur["trajectories"] = cur.get("trajectories", 0.0) + len(completions)
+        return out
+
+    trainer_cls._tool_call_loop = wrapper
+
+
+def trl_tool_args(w: dict[str, Any]) -> dict[str, Any]:
+    """GRPOConfig keywords of the tool loop: TRL's budget is grpo_dist's ``max_total_tokens``; its
+    iterations (tool rounds after the first turn) ``max_turns - 1``."""
+    return dict(max_completion_length=w["max_total_tokens"], max_tool_calling_iterations=w["max_turns"] - 1)
+
+
+def grpo_tool_overrides(w: dict[str, Any]) -> list[str]:
+    return ["--rollout.env", w["env"], "--rollout.env_kwargs", json.dumps(w["env_kwargs"]), "--rollout.max_turns", str(w["max_turns"]),
+            "--rollout.max_total_tokens", str(w["max_total_tokens"]),
+            "--rollout.max_parallel_calls", str(w["max_parallel_calls"])]
+
