@@ -92,7 +92,7 @@ from trl_bench.report import ratios, render, step_stats, summarise, table  # noq
 from trl_bench.runners import error_line, run_grpo, run_trl, trl_worker  # noqa: E402,F401
 from trl_bench.workloads import (  # noqa: E402,F401
     DEFAULT_SETTINGS, MODEL_CACHE, MODELS, ROOT, SETTINGS, STAGES, WORKLOAD, WORKLOADS, ensure_model, grpo_overrides,
-    model_dir, precision, prompt_rows, stage_precision, trl_args, workload_of)
+    model_dir, precision, prompt_rows, resize, stage_precision, trl_args, workload_of)
 
 
 # ----------------------------------------------------------------------------- main
@@ -115,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the small Llama untrained (near-full-length completions) or pretrained on add, or "
                          "smollm2: SmolLM2-135M-Instruct on the chat word problems (the real-model workload), or "
                          "calculator: SmolLM2 calling a calculator tool over up to 3 turns (TRL's tool loop)")
+    ap.add_argument("--prompts", type=int, default=None, help="prompts per step, both systems (default: the workload's 8)")
+    ap.add_argument("--group", type=int, default=None, help="completions per prompt, both systems (default: 8)")
     ap.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1, help="torch threads of the TRL runs")
     ap.add_argument("--trl-gradient-checkpointing", action="store_true",
                     help="keep TRL's default gradient_checkpointing=True (off by default here, like grpo_dist)")
@@ -140,6 +142,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]
     if args.trl_worker:
         return args, extra
     args.workload = workload_of(args.model)
+    if (args.prompts is not None and args.prompts < 1) or (args.group is not None and args.group < 2):
+        ap.error("--prompts must be >= 1 and --group >= 2")
+    resize(args.workload, args.prompts, args.group)
     if args.config is None:
         args.config = os.path.join(ROOT, WORKLOADS[args.workload]["config"])
     if args.settings is None:

@@ -316,3 +316,18 @@ def test_multi_turn_table(tc):
     assert "| 6.40 | 320 | 50.0 | 2.50 | 1.50 |" in text and "| 3.20 | 160 | 50.0 | 2.00 | 1.00 |" in text
     assert tc.ratios(summary)[2]["stream"]["completions_per_s"] == pytest.approx(2.0)
     assert "mean len" in tc.table({"trl": summary["trl"] | {"turns": float("nan")}}, rounds=1)
+
+
+def test_resize_both_systems(tc, monkeypatch):
+    """--prompts / --group change the batch of both systems (the TRL worker repeats it from its spec)."""
+    for name in ("calculator", "small"):
+        monkeypatch.setitem(tc.WORKLOADS, name, dict(tc.WORKLOADS[name]))
+    args, _ = tc.parse(["--model", "calculator", "--prompts", "4", "--group", "4", "--steps", "3", "--skip", "1"])
+    ov = tc.grpo_overrides("/m", 3, 0, "/tmp/out", [], workload="calculator")
+    assert ov[ov.index("--rollout.prompts_per_step") + 1] == ov[ov.index("--rollout.group_size") + 1] == "4"
+    a = tc.trl_args(dict(out_dir="o", steps=3, use_vllm=False, gradient_checkpointing=False, workload="calculator"))
+    assert (a["generation_batch_size"], a["num_generations"], a["per_device_train_batch_size"]) == (16, 4, 8)
+    assert a["gradient_accumulation_steps"] == 2
+    assert tc.resize("small", 2, 4)["micro_batch"] == 8  # 64 does not divide a batch of 8
+    with pytest.raises(SystemExit):
+        tc.parse(["--group", "1"])

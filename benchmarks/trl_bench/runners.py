@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from trl_bench.machine import CpuShare
-from trl_bench.workloads import ROOT, SETTINGS, WORKLOADS, grpo_overrides, prompt_rows, trl_args
+from trl_bench.workloads import ROOT, SETTINGS, WORKLOADS, grpo_overrides, prompt_rows, resize, trl_args
 
 SCRIPT = os.path.join(ROOT, "benchmarks", "trl_compare.py")
 
@@ -35,7 +35,7 @@ def trl_worker(spec_path: str, out_path: str) -> int:
     from grpo_dist.reward.builtin import correctness_reward
     from grpo_dist.reward.math_answer import math_reward
 
-    w = WORKLOADS[spec.get("workload", "small")]
+    w = resize(spec.get("workload", "small"), spec.get("prompts"), spec.get("group"))
     cur: dict[str, float] = {}
     tools = {}
     if "env" in w:  # multi-turn: TRL's tool loop with grpo_dist's calculator function (trl_bench/tool_workload.py)
@@ -137,6 +137,7 @@ def run_trl(name: str, model: str, steps: int, threads: int, gradient_checkpoint
             timeout: float, workload: str = "small") -> dict[str, Any]:
     setting = SETTINGS[name]
     spec = dict(model=model, steps=steps, threads=threads, use_vllm=setting["use_vllm"], workload=workload,
+                prompts=WORKLOADS[workload]["prompts"], group=WORKLOADS[workload]["group"],
                 bf16=setting.get("trl_bf16", False), weights=setting.get("weights", "float32"),
                 gradient_checkpointing=gradient_checkpointing, out_dir=tempfile.mkdtemp(prefix="trl_bench_"))
     spec_path, out_path = os.path.join(log_dir, f"{name}.spec.json"), os.path.join(log_dir, f"{name}.out.json")

@@ -3,6 +3,7 @@ GRPOConfig and TRL's dataset (for ``smollm2``: the very prompts grpo_dist's prom
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
@@ -33,6 +34,15 @@ CALCULATOR = dict(SMOLLM2, max_tokens=192, max_total_tokens=192, max_turns=3, ma
                   tool_model="smollm2-135m-instruct-qwen2_5")
 WORKLOADS: dict[str, dict[str, Any]] = {"small": WORKLOAD, "smollm2": SMOLLM2, "calculator": CALCULATOR}
 MODELS = ["untrained", "add", "smollm2", "calculator"]  # --model: the first two are the small Llama's
+
+
+def resize(workload: str, prompts: int | None = None, group: int | None = None) -> dict[str, Any]:
+    """``--prompts`` / ``--group``: the workload with other batch sizes, in both systems (in place; the TRL
+    worker repeats it from its spec); the micro-batch shrinks to a divisor of the batch where needed."""
+    w = WORKLOADS[workload]
+    w.update({k: v for k, v in (("prompts", prompts), ("group", group)) if v})
+    w["micro_batch"] = math.gcd(w["prompts"] * w["group"], w["micro_batch"])
+    return w
 
 
 def workload_of(model: str) -> str:
