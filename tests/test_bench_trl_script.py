@@ -208,8 +208,9 @@ def tool_model(tc, smollm2_dir, tmp_path_factory):
     from trl_bench.tool_workload import make_tool_model
 
     dst = str(tmp_path_factory.mktemp("bench_models") / "smollm2-qwen2_5")
-    assert make_tool_model(str(smollm2_dir), dst, log=lambda *a: None) == dst
-    assert make_tool_model(str(smollm2_dir), dst, log=lambda *a: None) == dst  # kept: made once
+    plain = tc.WORKLOADS["calculator"]["tools_block"]
+    assert make_tool_model(str(smollm2_dir), dst, log=lambda *a: None, tools_block=plain) == dst
+    assert make_tool_model(str(smollm2_dir), dst, log=lambda *a: None, tools_block=plain) == dst  # kept: made once
     return dst
 
 
@@ -231,7 +232,7 @@ def test_calculator_settings_match(tc):
     cfg, stream = config("sync"), config("stream")
     r = cfg.rollout
     assert not r.streaming and stream.rollout.streaming and r.env == "calculator" and r.max_turns == 3
-    assert r.env_kwargs == {"few_shot": True, "state_tools": True, "stop_after_call": False}
+    assert r.env_kwargs == {"few_shot": True, "stop_after_call": False}
     assert r.max_tokens == r.max_total_tokens == 192 and r.max_parallel_calls == 4
     assert [f.fn for f in cfg.reward.functions] == ["grpo_dist.envs.rewards:env_reward"]
     a = tc.trl_args(dict(out_dir="o", steps=3, use_vllm=False, gradient_checkpointing=False, workload="calculator"))
@@ -267,7 +268,7 @@ def test_same_opening_tokens_and_prompts(tc, tool_model):
     rows = tc.prompt_rows("calculator", tool_model, steps)
     assert [r["answer"] for r in rows] == [r.columns["answer"] for r in grpo] and len(rows) == 16
     tok = AutoTokenizer.from_pretrained(tool_model)
-    assert tok.chat_template == template_text()
+    assert tok.chat_template == template_text(w["tools_block"])
     env = calculator_env(w)
     data = Dataset.from_list(rows)
     for i, rec in enumerate(grpo[:4]):
@@ -275,22 +276,30 @@ def test_same_opening_tokens_and_prompts(tc, tool_model):
                                           tokenize=True, return_dict=True)["input_ids"]
         assert trl_ids == encode_opening(tok, env.reset(rec), env.tools, env.parser)
     text = tok.decode(trl_ids)
-    assert '"name": "calculator"' in text and "<tools>" in text and text.endswith("Use the calculator.<|im_end|>\n"
-                                                                                 "<|im_start|>assistant\n")
+    # the short call format and one worked call (the template states no schema: SmolLM2 calls under this one)
+    assert '"name": "calculator"' in text and "<tools>" not in text and "<tool_response>\n436\n</tool_response>" in text
+    assert text.endswith("Use the calculator.<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_trl_accepts_the_template(tool_model):
     trl = pytest.importorskip("trl")
     from transformers import AutoTokenizer
     from trl.chat_template_utils import (
-        add_response_schema, is_chat_template_prefix_preserving, qwen2_5_chat_template, supports_tool_calling)
+        add_response_schema, is_chat_template_prefix_preserving, parse_response, qwen2_5_chat_template, qwen3_template,
+        supports_tool_calling)
 
     from trl_bench.tool_workload import template_text
 
     assert template_text() == qwen2_5_chat_template, f"TRL {trl.__version__} changed its Qwen2.5 template"
     tok = AutoTokenizer.from_pretrained(tool_model)
     assert supports_tool_calling(tok) and is_chat_template_prefix_preserving(tok)
-    add_response_schema(tok)  # raises on a template TRL does not know
+    tok.chat_template = template_text()
+    add_response_schema(tok)  # raises on a template TRL does not know; the worker sets this parser for the plain one
+    assert tok.response_template == qwen3_template
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "23 * 17"}}\n</tool_call><|im_end|>'
+    prefix = tok("<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n")["input_ids"]  # TRL passes the prompt
+    out = parse_response(tok, tok(call)["input_ids"], prefix=prefix)
+    assert out["tool_calls"][0]["function"] == {"name": "calculator", "arguments": {"expression": "23 * 17"}}
 
 
 def test_trl_reward_scores_the_final_answer(tc):

@@ -29,17 +29,33 @@ TEMPLATE = os.path.join(HERE, "qwen2_5.jinja")  # TRL 1.16's trl/chat_templates/
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 
 
-def template_text() -> str:
+# The system turn without the tools block: SmolLM2-135M makes no call under Qwen2.5's schema block (0 of 48
+# trajectories in either system, first smoke run), and does under the short call format with one example.
+_PLAIN_SYSTEM = """{%- if messages[0]['role'] == 'system' %}
+    {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+{%- else %}
+    {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}
+{%- endif %}
+"""
+
+
+def template_text(tools_block: bool = True) -> str:
+    """Qwen2.5's chat template (TRL's copy); ``tools_block=False``: its system turn never states the tools
+    (``tools=`` is ignored), the rest (tool calls, tool responses) as Qwen2.5 renders them."""
     with open(TEMPLATE, encoding="utf-8") as f:
-        return f.read()
+        text = f.read()
+    if tools_block:
+        return text
+    head = text.index("{%- for message in messages %}")
+    return _PLAIN_SYSTEM + text[head:]
 
 
-def make_tool_model(src: str, dst: str, log=print) -> str:
+def make_tool_model(src: str, dst: str, log=print, tools_block: bool = True) -> str:
     """``dst``: the model of ``src`` (symlinked files) with its tokenizer's chat template replaced by
-    Qwen2.5's; made once (atomically), kept while its template equals ``qwen2_5.jinja``."""
+    Qwen2.5's (:func:`template_text`); made once (atomically), kept while its template is that."""
     from transformers import AutoTokenizer
 
-    want = template_text()
+    want = template_text(tools_block)
     if os.path.isfile(os.path.join(dst, "config.json")):
         if AutoTokenizer.from_pretrained(dst).chat_template == want:
             return dst
