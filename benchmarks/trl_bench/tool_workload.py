@@ -2,18 +2,21 @@
 against TRL's ``GRPOTrainer(tools=[calculator])`` on the same model, prompts and tool.
 
 TRL's tool loop needs a chat template that renders ``tool_calls`` (``supports_tool_calling``) and
-one it knows by its exact text (``add_response_schema``, to parse calls); SmolLM2-135M-Instruct's
-own ChatML template renders neither. So both systems get a copy of the converted SmolLM2 model
-(weights symlinked) whose chat template is Qwen2.5's (``qwen2_5.jinja`` here, byte-identical to
-TRL 1.16's ``trl/chat_templates/qwen2_5.jinja``; SmolLM2's vocabulary has ``<|im_start|>`` and
-``<|im_end|>``, the template's only special tokens). grpo_dist's pre-flight accepts it (it is
-prefix-preserving) and passes the tool's schema through its ``tools=`` (``envs/chat.py``
-``takes_tools``), as TRL does.
+a parser of the model's calls (``add_response_schema`` sets one for templates it knows by their
+exact text); SmolLM2-135M-Instruct's own ChatML template renders no ``tool_calls``. So both systems
+get a copy of the converted SmolLM2 model (weights symlinked) whose chat template is Qwen2.5's
+(``qwen2_5.jinja`` here, byte-identical to TRL 1.16's ``trl/chat_templates/qwen2_5.jinja``;
+SmolLM2's vocabulary has ``<|im_start|>`` and ``<|im_end|>``, its only special tokens) less the
+tools block of its system turn (``template_text(tools_block=False)``): under that block (the
+schemas as JSON) SmolLM2-135M made no call in 48 trajectories in either system. TRL's worker sets
+TRL's parser of Qwen2.5 calls (``qwen3_template``, what ``add_response_schema`` picks for
+Qwen2.5) on the tokenizer itself, as TRL asks of a template it does not know. grpo_dist's
+pre-flight accepts the template (prefix-preserving).
 
-Both systems open every trajectory with the same messages: ``CalculatorEnv(few_shot=True,
-state_tools=True).reset(record)`` (the short call format and one worked call, then the question
-with " Use the calculator."; the schema in the template's tools block), for the records of
-grpo_dist's seeded prompt stream in its order (TRL with ``shuffle_dataset=False``).
+Both systems open every trajectory with the same ids: ``CalculatorEnv(few_shot=True).reset(record)``
+(configs/calculator_smollm2.yaml's prompt: the short call format and one worked call, then the
+question with " Use the calculator."), for the records of grpo_dist's seeded prompt stream in its
+order (TRL with ``shuffle_dataset=False``); TRL's ``tools=`` reaches the template, which ignores it.
 """
 
 from __future__ import annotations
