@@ -277,7 +277,7 @@ def test_same_opening_tokens_and_prompts(tc, tool_model):
         assert trl_ids == encode_opening(tok, env.reset(rec), env.tools, env.parser)
     text = tok.decode(trl_ids)
     # the short call format and one worked call (the template states no schema: SmolLM2 calls under this one)
-    assert '"name": "calculator"' in text and "<tools>" not in text and "<tool_response>\n436\n</tool_response>" in text
+    assert '"name": "calculator"' in text and "<tools>" not in text and "<|im_start|>tool\n436<|im_end|>" in text
     assert text.endswith("Use the calculator.<|im_end|>\n<|im_start|>assistant\n")
 
 

@@ -102,7 +102,7 @@ def trl_worker(spec_path: str, out_path: str) -> int:
                 step_logs.append(dict(logs))
     data = Dataset.from_list(prompt_rows(spec.get("workload", "small"), spec["model"], spec["steps"]))
     tok = AutoTokenizer.from_pretrained(spec["model"])
-    if "env" in w and not w.get("tools_block", True):  # Qwen2.5's template less its tools block: TRL does not
+    if "env" in w and w.get("tools_block", True) is not True:  # not Qwen2.5's own template: TRL does not
         from trl.chat_template_utils import qwen3_template  # know it by its text; its parser of Qwen2.5's calls
 
         tok.response_template = qwen3_template

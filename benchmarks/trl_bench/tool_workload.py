@@ -42,9 +42,31 @@ _PLAIN_SYSTEM = """{%- if messages[0]['role'] == 'system' %}
 """
 
 
-def template_text(tools_block: bool = True) -> str:
+# SmolLM2's own ChatML (tool results as `<|im_start|>tool` turns) that also renders `tool_calls` as Qwen2.5 does:
+# SmolLM2-135M opens 29 of 32 first turns with <tool_call> under it, 3 of 32 under Qwen2.5's (it writes the
+# <tool_response> itself; HF generate probe, T 0.7, 8 prompts x 4).
+CHATML_TOOLS = (
+    "{%- for message in messages %}"
+    "{%- if loop.first and messages[0]['role'] != 'system' %}{{- '<|im_start|>system\\nYou are a helpful AI "
+    "assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}{%- endif %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') }}"
+    "{%- for tool_call in message.tool_calls or [] %}"
+    "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
+    "{%- if message['content'] or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + tool_call.name + '\", \"arguments\": ' + (tool_call.arguments | tojson) "
+    "+ '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+
+
+def template_text(tools_block: bool | str = True) -> str:
     """Qwen2.5's chat template (TRL's copy); ``tools_block=False``: its system turn never states the tools
-    (``tools=`` is ignored), the rest (tool calls, tool responses) as Qwen2.5 renders them."""
+    (``tools=`` is ignored), the rest (tool calls, tool responses) as Qwen2.5 renders them;
+    ``"chatml"``: :data:`CHATML_TOOLS`."""
+    if tools_block == "chatml":
+        return CHATML_TOOLS
     with open(TEMPLATE, encoding="utf-8") as f:
         text = f.read()
     if tools_block:
@@ -53,7 +75,7 @@ def template_text(tools_block: bool = True) -> str:
     return _PLAIN_SYSTEM + text[head:]
 
 
-def make_tool_model(src: str, dst: str, log=print, tools_block: bool = True) -> str:
+def make_tool_model(src: str, dst: str, log=print, tools_block: bool | str = True) -> str:
     """``dst``: the model of ``src`` (symlinked files) with its tokenizer's chat template replaced by
     Qwen2.5's (:func:`template_text`); made once (atomically), kept while its template is that."""
     from transformers import AutoTokenizer

@@ -30,8 +30,8 @@ SMOLLM2 = dict(prompts=8, group=8, max_tokens=64, lora_r=16, lora_alpha=32,
 CALCULATOR = dict(SMOLLM2, max_tokens=192, max_total_tokens=192, max_turns=3, max_parallel_calls=4, temperature=0.7,
                   beta=0.0, lr=5e-4, max_model_len=1024, data="builtin:tool_problems", chat_template=False,
                   reward="grpo_dist.envs.rewards:env_reward", config="configs/calculator_smollm2.yaml", env="calculator",
-                  env_kwargs={"few_shot": True, "stop_after_call": False}, tools_block=False,
-                  tool_model="smollm2-135m-instruct-qwen2_5-plain")
+                  env_kwargs={"few_shot": True, "stop_after_call": False}, tools_block="chatml",
+                  tool_model="smollm2-135m-instruct-chatml-tools")
 WORKLOADS: dict[str, dict[str, Any]] = {"small": WORKLOAD, "smollm2": SMOLLM2, "calculator": CALCULATOR}
 MODELS = ["untrained", "add", "smollm2", "calculator"]  # --model: the first two are the small Llama's
 
