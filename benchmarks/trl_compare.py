@@ -25,8 +25,8 @@ sync_bf16all and stream).
 
 ``--model calculator`` (issue 25), multi-turn tool use: TRL's ``GRPOTrainer(tools=[calculator])``
 against grpo_dist's ``rollout.env: calculator`` (configs/calculator_smollm2.yaml), the same
-``calculator`` function, SmolLM2-135M-Instruct with Qwen2.5's chat template less its tools block
-in both (TRL's tool loop needs a template that renders tool calls and a parser of them;
+``calculator`` function, SmolLM2-135M-Instruct with its ChatML template extended to render
+tool calls, in both (TRL's tool loop needs a template that renders them and a parser of them;
 trl_bench/tool_workload.py), the same opening ids (the recipe's short call format and one worked
 call) for grpo_dist's prompts in its order, <= 3 turns (TRL: max_tool_calling_iterations 2), <= 192 tokens a trajectory (TRL's
 max_completion_length = rollout.max_total_tokens; no per-turn cap, a turn ends at EOS), T 0.7,

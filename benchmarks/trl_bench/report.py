@@ -148,7 +148,7 @@ def render(doc: dict[str, Any], quiet: float) -> str:
     cpu = doc["cpu"]
     grpo_threads = next((s.get("threads") for n, s in summary.items() if SETTINGS[n]["kind"] == "grpo" and "threads" in s), "n/a")
     w = doc.get("workload", {})
-    model = {"smollm2": "SmolLM2-135M-Instruct", "calculator": "SmolLM2-135M-Instruct with the Qwen2.5 chat template"
+    model = {"smollm2": "SmolLM2-135M-Instruct", "calculator": "SmolLM2-135M-Instruct, tool-call chat template"
              }.get(doc["model"], f"small-{doc['model']}")
     tokens = (f"<= {w['max_turns']} turns (the {w['env']} tool), <= {w['max_total_tokens']} tokens a trajectory, "
               f"T {w.get('temperature', 1.0)}" if "env" in w else f"<= {w.get('max_tokens', 32)} new tokens")

@@ -4,14 +4,15 @@ against TRL's ``GRPOTrainer(tools=[calculator])`` on the same model, prompts and
 TRL's tool loop needs a chat template that renders ``tool_calls`` (``supports_tool_calling``) and
 a parser of the model's calls (``add_response_schema`` sets one for templates it knows by their
 exact text); SmolLM2-135M-Instruct's own ChatML template renders no ``tool_calls``. So both systems
-get a copy of the converted SmolLM2 model (weights symlinked) whose chat template is Qwen2.5's
-(``qwen2_5.jinja`` here, byte-identical to TRL 1.16's ``trl/chat_templates/qwen2_5.jinja``;
-SmolLM2's vocabulary has ``<|im_start|>`` and ``<|im_end|>``, its only special tokens) less the
-tools block of its system turn (``template_text(tools_block=False)``): under that block (the
-schemas as JSON) SmolLM2-135M made no call in 48 trajectories in either system. TRL's worker sets
-TRL's parser of Qwen2.5 calls (``qwen3_template``, what ``add_response_schema`` picks for
-Qwen2.5) on the tokenizer itself, as TRL asks of a template it does not know. grpo_dist's
-pre-flight accepts the template (prefix-preserving).
+get a copy of the converted SmolLM2 model (weights symlinked) with another chat template
+(``make_tool_model``, ``template_text``): by default :data:`CHATML_TOOLS`, SmolLM2's ChatML that
+also renders ``tool_calls`` the way Qwen2.5 does. Qwen2.5's own template (``qwen2_5.jinja`` here,
+byte-identical to TRL 1.16's, which TRL recognises) made the 135M model write the
+``<tool_response>`` itself instead of calling: 0 calls in 48 trajectories with its JSON-schema
+tools block, 1 in 48 without it, in either system. For any template but Qwen2.5's own, TRL's
+worker sets TRL's parser of Qwen2.5 calls (``qwen3_template``, what ``add_response_schema`` picks
+for Qwen2.5) on the tokenizer itself, as TRL asks of a template it does not know. grpo_dist's
+pre-flight accepts these templates (prefix-preserving).
 
 Both systems open every trajectory with the same ids: ``CalculatorEnv(few_shot=True).reset(record)``
 (configs/calculator_smollm2.yaml's prompt: the short call format and one worked call, then the
@@ -32,8 +33,7 @@ TEMPLATE = os.path.join(HERE, "qwen2_5.jinja")  # TRL 1.16's trl/chat_templates/
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 
 
-# The system turn without the tools block: SmolLM2-135M makes no call under Qwen2.5's schema block (0 of 48
-# trajectories in either system, first smoke run), and does under the short call format with one example.
+# Qwen2.5's system turn without the tools block (tools= ignored).
 _PLAIN_SYSTEM = """{%- if messages[0]['role'] == 'system' %}
     {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
 {%- else %}
@@ -98,7 +98,7 @@ def make_tool_model(src: str, dst: str, log=print, tools_block: bool | str = Tru
     tok.chat_template = want
     tok.save_pretrained(tmp)
     os.replace(tmp, dst)
-    log(f"[trl_compare] made {dst}: {src} with the Qwen2.5 chat template (TRL's tool loop parses its calls)")
+    log(f"[trl_compare] made {dst}: {src} with a chat template that renders tool calls ({tools_block})")
     return dst
 
 
