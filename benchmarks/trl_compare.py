@@ -1,7 +1,7 @@
 """Benchmark: TRL's GRPOTrainer vs grpo_dist on the same workload, in one invocation, interleaved.
 
     python benchmarks/trl_compare.py [--steps 20 --skip 2 --rounds 2] [--settings trl,trl_vllm,sync,async]
-        [--model untrained|add|smollm2] [--json out.json] [--section.key VALUE ...]
+        [--model untrained|add|smollm2|calculator] [--json out.json] [--section.key VALUE ...]
 
 (``make bench-trl ARGS="..."`` installs the ``bench`` extra, i.e. TRL, first.)
 
@@ -21,13 +21,26 @@ config here), 64 new tokens, LoRA r=16 (alpha 32) on q,k,v,o,gate,up,down, the `
 lr 2e-4, micro-batches of 8 (8 accumulated per step) in both systems; TRL gets grpo_dist's very
 prompts in its stream's order (trl_bench/workloads.py ``prompt_rows``) and its algorithm
 settings. Settings by default: trl, trl_bf16w, sync, sync_bf16all (the small workload: all but
-sync_bf16all).
+sync_bf16all and stream).
+
+``--model calculator`` (issue 25), multi-turn tool use: TRL's ``GRPOTrainer(tools=[calculator])``
+against grpo_dist's ``rollout.env: calculator`` (configs/calculator_smollm2.yaml), the same
+``calculator`` function, SmolLM2-135M-Instruct with its ChatML template extended to render
+tool calls, in both (TRL's tool loop needs a template that renders them and a parser of them;
+trl_bench/tool_workload.py), the same opening ids (the recipe's short call format and one worked
+call) for grpo_dist's prompts in its order, <= 3 turns (TRL: max_tool_calling_iterations 2), <= 192 tokens a trajectory (TRL's
+max_completion_length = rollout.max_total_tokens; no per-turn cap, a turn ends at EOS), T 0.7,
+LoRA r=16 on all projections, beta 0, lr 5e-4, fp32; the reward: the final answer's last number
+(TRL: a function; grpo_dist: env_reward). Settings by default: trl, sync (lock-step turns), stream
+(``rollout.streaming``: each trajectory on its own). The table reports trajectories/s, sampled
+tokens/s (tool results left out, as TRL counts), turns and tool calls per trajectory.
 
 Settings, run ``--rounds`` times in turn (round 1: all settings, round 2: all settings, ...):
   trl       TRL GRPOTrainer, its default generation (transformers ``generate``)
   trl_vllm  TRL with ``use_vllm=True, vllm_mode="colocate"`` (vLLM in the training process)
   sync      grpo_dist, trainer.max_staleness 0, 1 vLLM worker (real local Ray cluster, DeepSpeed)
   async     grpo_dist, trainer.max_staleness 1 (generation one step ahead), 1 vLLM worker
+  stream    sync with rollout.streaming true (vLLM's async engine; multi-turn: no lock step)
   sync_bf16all  sync with model.dtype bfloat16 (engine and learner in bfloat16)
   sync2     sync with 2 vLLM workers (each engine bound to its own cores: 1 each on 2 cores)
   async2    async with 2 vLLM workers
@@ -79,7 +92,7 @@ from trl_bench.report import ratios, render, step_stats, summarise, table  # noq
 from trl_bench.runners import error_line, run_grpo, run_trl, trl_worker  # noqa: E402,F401
 from trl_bench.workloads import (  # noqa: E402,F401
     DEFAULT_SETTINGS, MODEL_CACHE, MODELS, ROOT, SETTINGS, STAGES, WORKLOAD, WORKLOADS, ensure_model, grpo_overrides,
-    model_dir, precision, prompt_rows, stage_precision, trl_args, workload_of)
+    model_dir, precision, prompt_rows, resize, stage_precision, trl_args, workload_of)
 
 
 # ----------------------------------------------------------------------------- main
@@ -90,16 +103,20 @@ def build_parser() -> argparse.ArgumentParser:
                                         "(grpo_dist settings only), e.g. --cluster.torch_threads 2.")
     ap.add_argument("--config", default=None,
                     help="grpo_dist base config (the workload's overrides go on top; default configs/tiny_cpu.yaml, "
-                         "for --model smollm2 configs/smollm2_cpu.yaml)")
+                         "for --model smollm2 configs/smollm2_cpu.yaml, calculator configs/calculator_smollm2.yaml)")
     ap.add_argument("--steps", type=int, default=20, help="training steps per run")
     ap.add_argument("--skip", type=int, default=2, help="warm-up steps of each run left out of the medians")
     ap.add_argument("--rounds", type=int, default=2, help="times every setting runs, interleaved")
     ap.add_argument("--settings", default=None,
                     help=f"comma-separated, of {', '.join(SETTINGS)} (default: the small workload all but "
-                         f"sync_bf16all; smollm2 {','.join(DEFAULT_SETTINGS['smollm2'])})")
+                         f"sync_bf16all and stream; smollm2 {','.join(DEFAULT_SETTINGS['smollm2'])}; calculator "
+                         f"{','.join(DEFAULT_SETTINGS['calculator'])})")
     ap.add_argument("--model", choices=MODELS, default="untrained",
                     help="the small Llama untrained (near-full-length completions) or pretrained on add, or "
-                         "smollm2: SmolLM2-135M-Instruct on the chat word problems (the real-model workload)")
+                         "smollm2: SmolLM2-135M-Instruct on the chat word problems (the real-model workload), or "
+                         "calculator: SmolLM2 calling a calculator tool over up to 3 turns (TRL's tool loop)")
+    ap.add_argument("--prompts", type=int, default=None, help="prompts per step, both systems (default: the workload's 8)")
+    ap.add_argument("--group", type=int, default=None, help="completions per prompt, both systems (default: 8)")
     ap.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1, help="torch threads of the TRL runs")
     ap.add_argument("--trl-gradient-checkpointing", action="store_true",
                     help="keep TRL's default gradient_checkpointing=True (off by default here, like grpo_dist)")
@@ -125,6 +142,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]
     if args.trl_worker:
         return args, extra
     args.workload = workload_of(args.model)
+    if (args.prompts is not None and args.prompts < 1) or (args.group is not None and args.group < 2):
+        ap.error("--prompts must be >= 1 and --group >= 2")
+    resize(args.workload, args.prompts, args.group)
     if args.config is None:
         args.config = os.path.join(ROOT, WORKLOADS[args.workload]["config"])
     if args.settings is None:

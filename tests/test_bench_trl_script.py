@@ -197,3 +197,146 @@ def test_floor_columns(tc):
     assert "Floors: N = 100.0M" in text and "fp32 100 GFLOP/s, bf16 200 GFLOP/s" in text
     # generating in bfloat16 from a float32 learner: the learner's stages at the fp32 roof
     assert tc.stage_precision("sync2_bf16", "generate") == "bf16" and tc.stage_precision("sync2_bf16", "update") == "fp32"
+
+
+# ----------------------------------------------------------------------------- --model calculator (issue 25)
+# TRL's tool loop and grpo_dist's calculator environment get the same model, template, opening tokens, prompts
+# and limits (TRL's own template checks run where TRL is installed)
+
+@pytest.fixture(scope="module")
+def tool_model(tc, smollm2_dir, tmp_path_factory):
+    from trl_bench.tool_workload import make_tool_model
+
+    dst = str(tmp_path_factory.mktemp("bench_models") / "smollm2-qwen2_5")
+    plain = tc.WORKLOADS["calculator"]["tools_block"]
+    assert make_tool_model(str(smollm2_dir), dst, log=lambda *a: None, tools_block=plain) == dst
+    assert make_tool_model(str(smollm2_dir), dst, log=lambda *a: None, tools_block=plain) == dst  # kept: made once
+    return dst
+
+
+def test_calculator_settings_match(tc):
+    """Both systems' limits and algorithm settings: TRL's budget = rollout.max_total_tokens, its
+    iterations = max_turns - 1, the same temperature, lr, beta, LoRA; grpo_dist's environment as
+    TRL's loop generates (no per-turn cap, no stop at </tool_call>)."""
+    from grpo_dist.config import load_config
+
+    args, extra = tc.parse(["--model", "calculator", "--steps", "3", "--skip", "1", "--rounds", "1"])
+    assert args.workload == "calculator" and args.settings == ["trl", "sync", "stream"]
+    assert args.config.endswith(os.path.join("configs", "calculator_smollm2.yaml"))
+
+    def config(name):
+        spec = tc.SETTINGS[name]
+        return load_config(args.config, tc.grpo_overrides("/m", 3, spec["max_staleness"], "/tmp/out",
+                                                          spec.get("overrides", []) + extra, workload="calculator"))
+
+    cfg, stream = config("sync"), config("stream")
+    r = cfg.rollout
+    assert not r.streaming and stream.rollout.streaming and r.env == "calculator" and r.max_turns == 3
+    assert r.env_kwargs == {"few_shot": True, "stop_after_call": False}
+    assert r.max_tokens == r.max_total_tokens == 192 and r.max_parallel_calls == 4
+    assert [f.fn for f in cfg.reward.functions] == ["grpo_dist.envs.rewards:env_reward"]
+    a = tc.trl_args(dict(out_dir="o", steps=3, use_vllm=False, gradient_checkpointing=False, workload="calculator"))
+    assert a["max_completion_length"] == r.max_total_tokens and a["max_tool_calling_iterations"] == r.max_turns - 1
+    assert (a["temperature"], a["learning_rate"], a["beta"]) == (r.temperature, cfg.learner.lr, cfg.algo.beta) == (
+        0.7, 5e-4, 0.0)
+    assert a["num_generations"] == r.group_size and a["generation_batch_size"] == r.group_size * r.prompts_per_step
+    assert a["per_device_train_batch_size"] == cfg.learner.micro_batch_size and a["shuffle_dataset"] is False
+    assert (cfg.lora.r, cfg.lora.alpha, cfg.model.dtype) == (16, 32, "float32")
+
+
+def test_same_opening_tokens_and_prompts(tc, tool_model):
+    """TRL's dataset rows, rendered as TRL renders them (after the datasets round trip, tools=[calculator]
+    through the Qwen2.5 template), give the very ids grpo_dist's environment opens with, for the
+    prompts grpo_dist's pre-flight (which checks the template) and seeded stream yield, in order."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from grpo_dist.config import load_config
+    from grpo_dist.data.sources import PromptStream
+    from grpo_dist.envs.builtin import calculator
+    from grpo_dist.envs.chat import encode_opening
+    from grpo_dist.run import preflight
+    from trl_bench.tool_workload import calculator_env, template_text
+
+    steps = 2
+    w = tc.WORKLOADS["calculator"]
+    cfg = load_config(os.path.join(ROOT, w["config"]), tc.grpo_overrides(tool_model, steps, 0, "/tmp/out", [],
+                                                                         workload="calculator"))
+    train, _ = preflight.prepared_data(cfg, log_fn=lambda *a: None)  # the template check passes
+    stream = PromptStream(train, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
+    grpo = [r for _ in range(steps) for r in stream.next_batch(cfg.rollout.prompts_per_step)]
+    rows = tc.prompt_rows("calculator", tool_model, steps)
+    assert [r["answer"] for r in rows] == [r.columns["answer"] for r in grpo] and len(rows) == 16
+    tok = AutoTokenizer.from_pretrained(tool_model)
+    assert tok.chat_template == template_text(w["tools_block"])
+    env = calculator_env(w)
+    data = Dataset.from_list(rows)
+    for i, rec in enumerate(grpo[:4]):
+        trl_ids = tok.apply_chat_template(data[i]["prompt"], tools=[calculator], add_generation_prompt=True,
+                                          tokenize=True, return_dict=True)["input_ids"]
+        assert trl_ids == encode_opening(tok, env.reset(rec), env.tools, env.parser)
+    text = tok.decode(trl_ids)
+    # the short call format and one worked call (the template states no schema: SmolLM2 calls under this one)
+    assert '"name": "calculator"' in text and "<tools>" not in text and "<|im_start|>tool\n436<|im_end|>" in text
+    assert text.endswith("Use the calculator.<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_trl_accepts_the_template(tool_model):
+    trl = pytest.importorskip("trl")
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import (
+        add_response_schema, is_chat_template_prefix_preserving, parse_response, qwen2_5_chat_template, qwen3_template,
+        supports_tool_calling)
+
+    from trl_bench.tool_workload import template_text
+
+    assert template_text() == qwen2_5_chat_template, f"TRL {trl.__version__} changed its Qwen2.5 template"
+    tok = AutoTokenizer.from_pretrained(tool_model)
+    assert supports_tool_calling(tok) and is_chat_template_prefix_preserving(tok)
+    tok.chat_template = template_text()
+    add_response_schema(tok)  # raises on a template TRL does not know; the worker sets this parser for the plain one
+    assert tok.response_template == qwen3_template
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "23 * 17"}}\n</tool_call><|im_end|>'
+    prefix = tok("<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n")["input_ids"]  # TRL passes the prompt
+    out = parse_response(tok, tok(call)["input_ids"], prefix=prefix)
+    assert out["tool_calls"][0]["function"] == {"name": "calculator", "arguments": {"expression": "23 * 17"}}
+
+
+def test_trl_reward_scores_the_final_answer(tc):
+    from trl_bench.tool_workload import calculator_answer
+
+    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+        "name": "calculator", "arguments": {"expression": "2 + 3"}}}]}
+    done = [call, {"role": "tool", "name": "calculator", "content": "5"}, {"role": "assistant", "content": "It is 5."}]
+    assert calculator_answer([done, done[:1], [{"role": "assistant", "content": "6"}], []], ["5", "5", "5", "5"]) == [
+        1.0, 0.0, 0.0, 0.0]
+
+
+def test_multi_turn_table(tc):
+    """Multi-turn records (turns present): trajectories/s, sampled tokens and turns / tool calls per trajectory."""
+    def rec(step_s, turns, calls):
+        return dict(step_s=step_s, completions=64.0, tokens=3200.0, completion_len=50.0, turns=turns, tool_calls=calls,
+                    generate=1.0, ref_logp=0.0, update=2.0, sync=0.0, score=0.0, others_cpu=0.0)
+
+    summary = {"trl": tc.summarise([{"steps": [rec(20.0, 2.0, 1.0)] * 3}], skip=1),
+               "stream": tc.summarise([{"steps": [rec(10.0, 2.5, 1.5)] * 3}], skip=1)}
+    text = tc.table(summary, rounds=1)
+    assert "| trajectories/s | sampled tokens/s | sampled tokens/traj | turns/traj | tool calls/traj |" in text
+    assert "| 6.40 | 320 | 50.0 | 2.50 | 1.50 |" in text and "| 3.20 | 160 | 50.0 | 2.00 | 1.00 |" in text
+    assert tc.ratios(summary)[2]["stream"]["completions_per_s"] == pytest.approx(2.0)
+    assert "mean len" in tc.table({"trl": summary["trl"] | {"turns": float("nan")}}, rounds=1)
+
+
+def test_resize_both_systems(tc, monkeypatch):
+    """--prompts / --group change the batch of both systems (the TRL worker repeats it from its spec)."""
+    for name in ("calculator", "small"):
+        monkeypatch.setitem(tc.WORKLOADS, name, dict(tc.WORKLOADS[name]))
+    args, _ = tc.parse(["--model", "calculator", "--prompts", "4", "--group", "4", "--steps", "3", "--skip", "1"])
+    ov = tc.grpo_overrides("/m", 3, 0, "/tmp/out", [], workload="calculator")
+    assert ov[ov.index("--rollout.prompts_per_step") + 1] == ov[ov.index("--rollout.group_size") + 1] == "4"
+    a = tc.trl_args(dict(out_dir="o", steps=3, use_vllm=False, gradient_checkpointing=False, workload="calculator"))
+    assert (a["generation_batch_size"], a["num_generations"], a["per_device_train_batch_size"]) == (16, 4, 8)
+    assert a["gradient_accumulation_steps"] == 2
+    assert tc.resize("small", 2, 4)["micro_batch"] == 8  # 64 does not divide a batch of 8
+    with pytest.raises(SystemExit):
+        tc.parse(["--group", "1"])

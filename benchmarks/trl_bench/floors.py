@@ -80,7 +80,12 @@ def floor_context(workload: str, model_path: str, steps: int, roofs: dict[str, f
     from trl_bench.workloads import WORKLOADS, prompt_rows
 
     w = WORKLOADS[workload]
-    if w["chat_template"]:
+    chat = w["chat_template"]
+    if "env" in w:  # the environment's opening, rendered as grpo_dist renders it (tools in the template)
+        from trl_bench.tool_workload import rendered_prompts
+
+        rows, chat = [{"prompt": p} for p in rendered_prompts(w, model_path, steps)], True
+    elif chat:
         rows = prompt_rows(workload, model_path, steps)  # grpo_dist's stream order = TRL's
     else:  # the order of grpo_dist's stream (TRL shuffles its own; the add prompts differ by a token or two)
         from grpo_dist.data.sources import PromptStream, load_prompts
@@ -88,7 +93,7 @@ def floor_context(workload: str, model_path: str, steps: int, roofs: dict[str, f
         recs = PromptStream(load_prompts(w["data"]), seed=w["seed"]).next_batch(steps * w["prompts"])
         rows = [{"prompt": r.prompt} for r in recs]
     return {"params": model_params(model_path), "roofs": roofs, "threads": os.cpu_count(),
-            "prompt_tokens": step_prompt_tokens(rows, model_path, w["prompts"], w["chat_template"])}
+            "prompt_tokens": step_prompt_tokens(rows, model_path, w["prompts"], chat)}
 
 
 def annotate(steps: list[dict[str, Any]], name: str, floor: dict[str, Any]) -> None:

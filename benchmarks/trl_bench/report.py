@@ -23,7 +23,7 @@ def step_stats(steps: list[dict[str, float]]) -> dict[str, float]:
     s = {"steps": len(steps), "s_per_step": _median([x["step_s"] for x in steps]),
          "completions_per_s": _median([x["completions"] / x["step_s"] for x in steps]),
          "tokens_per_s": _median([x["tokens"] / x["step_s"] for x in steps])}
-    for key in (["completion_len", "reward", "others_cpu", "own_cpu", "learner_tflops", "mfu"] + [k for k, _ in STAGES]
+    for key in (["completion_len", "turns", "tool_calls", "reward", "others_cpu", "own_cpu", "learner_tflops", "mfu"] + [k for k, _ in STAGES]
                 + [k for k, _ in FLOOR_COLS] + [k.replace("_x", "_floor_s") for k, _ in FLOOR_COLS]):
         s[key] = _median([x.get(key, float("nan")) for x in steps])
     return s
@@ -68,8 +68,13 @@ def table(summary: dict[str, dict[str, Any]], rounds: int, quiet: bool = False, 
     ``quiet`` only the steps that other processes left (nearly) alone; with ``floors`` each
     stage's measured / floor (trl_bench/floors.py)."""
     fcols = FLOOR_COLS if floors else []
-    head = (["setting", "steps", "s/step", "completions/s", "tokens/s", "mean len"] + [h for _, h in STAGES]
-            + [h for _, h in fcols] + ["torch threads", "others' CPU"])
+    # multi-turn (a setting reports turns): trajectories, the sampled tokens, turns and tool calls per trajectory
+    multi = any(v is not None and v.get("turns", float("nan")) == v.get("turns") for v in
+                (_view(s, quiet) for s in summary.values()))
+    head = (["setting", "steps", "s/step"] + (["trajectories/s", "sampled tokens/s", "sampled tokens/traj",
+                                               "turns/traj", "tool calls/traj"] if multi else
+                                              ["completions/s", "tokens/s", "mean len"])
+            + [h for _, h in STAGES] + [h for _, h in fcols] + ["torch threads", "others' CPU"])
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for name, s in summary.items():
         label, v = SETTINGS[name]["label"], _view(s, quiet)
@@ -87,7 +92,7 @@ def table(summary: dict[str, dict[str, Any]], rounds: int, quiet: bool = False, 
             return txt
 
         row = [label, str(v["steps"]), both("s_per_step"), both("completions_per_s"), both("tokens_per_s", 0),
-               fmt(v["completion_len"], 1)]
+               fmt(v["completion_len"], 1)] + ([fmt(v["turns"]), fmt(v["tool_calls"])] if multi else [])
         row += [fmt(v[k]) for k, _ in STAGES] + [fmt(v[k], 1) for k, _ in fcols] + [str(s.get("threads")), f"{v['others_cpu']:.0%}"
                                                  if v["others_cpu"] == v["others_cpu"] else "n/a"]
         lines.append("| " + " | ".join(row) + " |")
@@ -143,10 +148,13 @@ def render(doc: dict[str, Any], quiet: float) -> str:
     cpu = doc["cpu"]
     grpo_threads = next((s.get("threads") for n, s in summary.items() if SETTINGS[n]["kind"] == "grpo" and "threads" in s), "n/a")
     w = doc.get("workload", {})
-    model = "SmolLM2-135M-Instruct" if doc["model"] == "smollm2" else f"small-{doc['model']}"
+    model = {"smollm2": "SmolLM2-135M-Instruct", "calculator": "SmolLM2-135M-Instruct, tool-call chat template"
+             }.get(doc["model"], f"small-{doc['model']}")
+    tokens = (f"<= {w['max_turns']} turns (the {w['env']} tool), <= {w['max_total_tokens']} tokens a trajectory, "
+              f"T {w.get('temperature', 1.0)}" if "env" in w else f"<= {w.get('max_tokens', 32)} new tokens")
     out = [f"{doc['steps']} steps x {rounds} round(s), medians of steps {skip + 1}-{doc['steps']} (pooled; per round "
            f"in parentheses); model {model}; {w.get('data', 'builtin:add')}; {w.get('prompts', 8)} prompts x "
-           f"{w.get('group', 8)} completions, <= {w.get('max_tokens', 32)} new tokens; times in s; "
+           f"{w.get('group', 8)} completions, {tokens}; times in s; "
            f"others' CPU = share of the machine other processes used during the steps",
            table(summary, rounds, floors=bool(floor))]
     if floor:

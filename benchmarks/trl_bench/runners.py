@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from trl_bench.machine import CpuShare
-from trl_bench.workloads import ROOT, SETTINGS, WORKLOADS, grpo_overrides, prompt_rows, trl_args
+from trl_bench.workloads import ROOT, SETTINGS, WORKLOADS, grpo_overrides, prompt_rows, resize, trl_args
 
 SCRIPT = os.path.join(ROOT, "benchmarks", "trl_compare.py")
 
@@ -35,9 +35,17 @@ def trl_worker(spec_path: str, out_path: str) -> int:
     from grpo_dist.reward.builtin import correctness_reward
     from grpo_dist.reward.math_answer import math_reward
 
-    w = WORKLOADS[spec.get("workload", "small")]
-    reward = {"correctness": correctness_reward, "math": math_reward}[w["reward"]]
+    w = resize(spec.get("workload", "small"), spec.get("prompts"), spec.get("group"))
     cur: dict[str, float] = {}
+    tools = {}
+    if "env" in w:  # multi-turn: TRL's tool loop with grpo_dist's calculator function (trl_bench/tool_workload.py)
+        from grpo_dist.envs.builtin import calculator
+        from trl_bench.tool_workload import calculator_answer, count_turns
+
+        reward, tools = calculator_answer, {"tools": [calculator]}
+        count_turns(GRPOTrainer, cur)
+    else:
+        reward = {"correctness": correctness_reward, "math": math_reward}[w["reward"]]
 
     def timed(cls: type, name: str, stage: str, when=None) -> None:
         orig = getattr(cls, name)
@@ -83,6 +91,8 @@ def trl_worker(spec_path: str, out_path: str) -> int:
             rec = dict(cur, step_s=now - marks["last"], **share.take())
             rec["generate"] = rec.get("generate", 0.0) - rec.get("sync", 0.0)
             rec["update"] = rec["step_s"] - rec.get("prepare", 0.0)
+            if rec.get("trajectories"):
+                rec["turns"] = rec.pop("turns_sum") / rec.pop("trajectories")
             steps.append(rec)
             cur.clear()
             marks["last"] = now
@@ -92,18 +102,24 @@ def trl_worker(spec_path: str, out_path: str) -> int:
                 step_logs.append(dict(logs))
     data = Dataset.from_list(prompt_rows(spec.get("workload", "small"), spec["model"], spec["steps"]))
     tok = AutoTokenizer.from_pretrained(spec["model"])
+    if "env" in w and w.get("tools_block", True) is not True:  # not Qwen2.5's own template: TRL does not
+        from trl.chat_template_utils import qwen3_template  # know it by its text; its parser of Qwen2.5's calls
+
+        tok.response_template = qwen3_template
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=getattr(torch, spec.get("weights", "float32")))
     peft = LoraConfig(r=w["lora_r"], lora_alpha=w["lora_alpha"], lora_dropout=0.0, target_modules=w["targets"],
                       task_type="CAUSAL_LM")
     t0 = time.perf_counter()
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=GRPOConfig(**trl_args(spec)),
-                          train_dataset=data, processing_class=tok, peft_config=peft, callbacks=[Clock()])
+                          train_dataset=data, processing_class=tok, peft_config=peft, callbacks=[Clock()], **tools)
     setup_s = time.perf_counter() - t0
     trainer.train()
     n = w["prompts"] * w["group"]
     for rec, log in zip(steps, step_logs):
         rec["completion_len"] = float(log["completions/mean_length"])
         rec["reward"] = float(log.get("reward", float("nan")))
+        if "tools/call_frequency" in log:  # tool calls per trajectory
+            rec["tool_calls"] = float(log["tools/call_frequency"])
     for rec in steps:
         rec["completions"] = float(n)
         rec["tokens"] = rec.get("completion_len", float("nan")) * n
@@ -125,6 +141,7 @@ def run_trl(name: str, model: str, steps: int, threads: int, gradient_checkpoint
             timeout: float, workload: str = "small") -> dict[str, Any]:
     setting = SETTINGS[name]
     spec = dict(model=model, steps=steps, threads=threads, use_vllm=setting["use_vllm"], workload=workload,
+                prompts=WORKLOADS[workload]["prompts"], group=WORKLOADS[workload]["group"],
                 bf16=setting.get("trl_bf16", False), weights=setting.get("weights", "float32"),
                 gradient_checkpointing=gradient_checkpointing, out_dir=tempfile.mkdtemp(prefix="trl_bench_"))
     spec_path, out_path = os.path.join(log_dir, f"{name}.spec.json"), os.path.join(log_dir, f"{name}.out.json")
@@ -189,11 +206,14 @@ def run_grpo(name: str, config: str, model: str, steps: int, extra: list[str], w
                 "wall_s": time.perf_counter() - t0}
     recs = []
     for h in trainer.history:
-        step = h["timing/step"]
+        step, n = h["timing/step"], h.get("rollout/num_completions", float("nan"))
+        # multi-turn: the sampled tokens (TRL's completions/mean_length counts only those: tool results left out)
+        sampled = h.get("rollout/sampled_length_mean")
         recs.append({
-            "step_s": step, "completions": h.get("rollout/num_completions", float("nan")),
-            "tokens": h.get("perf/tokens_per_s", float("nan")) * step,
-            "completion_len": h.get("rollout/completion_length_mean", float("nan")),
+            "step_s": step, "completions": n,
+            "tokens": h.get("perf/tokens_per_s", float("nan")) * step if sampled is None else sampled * n,
+            "completion_len": h.get("rollout/completion_length_mean", float("nan")) if sampled is None else sampled,
+            "turns": h.get("rollout/turns_mean", float("nan")), "tool_calls": h.get("rollout/tool_calls_mean", float("nan")),
             "reward": h.get("rollout/reward_mean", float("nan")),
             "generate": h.get("timing/generate", 0.0) + h.get("timing/generate_wait", 0.0),
             "ref_logp": h.get("timing/learn_ref_old", float("nan")),

@@ -3,6 +3,7 @@ GRPOConfig and TRL's dataset (for ``smollm2``: the very prompts grpo_dist's prom
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
@@ -22,13 +23,31 @@ SMOLLM2 = dict(prompts=8, group=8, max_tokens=64, lora_r=16, lora_alpha=32,
                lr=2e-4, max_model_len=256, seed=0, data="builtin:word_problems?difficulty=1", chat_template=True,
                reward="math", micro_batch=8, config="configs/smollm2_cpu.yaml", model="pkg:smollm2-135m-instruct",
                grad_clip=1.0, betas=(0.9, 0.99))
-WORKLOADS: dict[str, dict[str, Any]] = {"small": WORKLOAD, "smollm2": SMOLLM2}
-MODELS = ["untrained", "add", "smollm2"]  # --model: the first two are the small Llama's
+# "calculator" (issue 25): multi-turn tool use, SmolLM2-135M-Instruct with Qwen2.5's chat template (TRL's tool
+# loop needs a template it knows; trl_bench/tool_workload.py) on builtin:tool_problems, configs/calculator_smollm2.yaml.
+# Generation as TRL's loop generates: no per-turn cap (max_tokens = the trajectory's budget), a turn ends at EOS (not
+# at </tool_call>: stop_after_call false), every call of a turn runs; max_turns 3 = TRL's first turn + 2 iterations.
+CALCULATOR = dict(SMOLLM2, max_tokens=192, max_total_tokens=192, max_turns=3, max_parallel_calls=4, temperature=0.7,
+                  beta=0.0, lr=5e-4, max_model_len=1024, data="builtin:tool_problems", chat_template=False,
+                  reward="grpo_dist.envs.rewards:env_reward", config="configs/calculator_smollm2.yaml", env="calculator",
+                  env_kwargs={"few_shot": True, "stop_after_call": False}, tools_block="chatml",
+                  tool_model="smollm2-135m-instruct-chatml-tools")
+WORKLOADS: dict[str, dict[str, Any]] = {"small": WORKLOAD, "smollm2": SMOLLM2, "calculator": CALCULATOR}
+MODELS = ["untrained", "add", "smollm2", "calculator"]  # --model: the first two are the small Llama's
+
+
+def resize(workload: str, prompts: int | None = None, group: int | None = None) -> dict[str, Any]:
+    """``--prompts`` / ``--group``: the workload with other batch sizes, in both systems (in place; the TRL
+    worker repeats it from its spec); the micro-batch shrinks to a divisor of the batch where needed."""
+    w = WORKLOADS[workload]
+    w.update({k: v for k, v in (("prompts", prompts), ("group", group)) if v})
+    w["micro_batch"] = math.gcd(w["prompts"] * w["group"], w["micro_batch"])
+    return w
 
 
 def workload_of(model: str) -> str:
-    """The workload of a ``--model``: ``smollm2``, else ``small``."""
-    return "smollm2" if model == "smollm2" else "small"
+    """The workload of a ``--model``: ``smollm2``, ``calculator``, else ``small``."""
+    return model if model in ("smollm2", "calculator") else "small"
 
 
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -42,6 +61,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "async": dict(kind="grpo", max_staleness=1, label="grpo_dist async (max_staleness 1), 1 vLLM worker"),
     "sync_bf16all": dict(kind="grpo", max_staleness=0, precision="bf16", overrides=["--model.dtype", "bfloat16"],
                          label="grpo_dist sync, 1 vLLM worker, model.dtype bfloat16 (engine and learner)"),
+    "stream": dict(kind="grpo", max_staleness=0, overrides=["--rollout.streaming", "true"],
+                   label="grpo_dist sync, 1 vLLM worker, rollout.streaming (each trajectory advances on its own)"),
     "sync2": dict(kind="grpo", max_staleness=0, workers=2,
                   label="grpo_dist sync (max_staleness 0), 2 vLLM workers on disjoint cores"),
     "async2": dict(kind="grpo", max_staleness=1, workers=2,
@@ -65,8 +86,8 @@ STAGES = [("generate", "generate s"), ("ref_logp", "ref/old log-prob s"), ("upda
 
 
 # the settings run when --settings is not given
-DEFAULT_SETTINGS = {"small": [n for n in SETTINGS if n != "sync_bf16all"],
-                    "smollm2": ["trl", "trl_bf16w", "sync", "sync_bf16all"]}
+DEFAULT_SETTINGS = {"small": [n for n in SETTINGS if n not in ("sync_bf16all", "stream")],
+                    "smollm2": ["trl", "trl_bf16w", "sync", "sync_bf16all"], "calculator": ["trl", "sync", "stream"]}
 
 
 def precision(name: str) -> str:
@@ -84,16 +105,25 @@ def stage_precision(name: str, stage: str) -> str:
 
 def model_dir(kind: str) -> str:
     """Where ``--model kind`` lives (before :func:`ensure_model`; smollm2: its ``pkg:`` source)."""
+    if kind == "calculator":
+        return os.path.join(MODEL_CACHE, CALCULATOR["tool_model"])
     return SMOLLM2["model"] if kind == "smollm2" else os.path.join(MODEL_CACHE, f"small-{kind}")
 
 
 def ensure_model(kind: str) -> str:
     """The model directory: SmolLM2 converted from its package (grpo_dist/hub.py, cached), or the
-    small generated Llama in .cache/bench_models/small-<kind> (made once; kind = untrained | add)."""
-    if kind == "smollm2":
+    small generated Llama in .cache/bench_models/small-<kind> (made once; kind = untrained | add); calculator:
+    SmolLM2 with Qwen2.5's chat template in .cache/bench_models/ (trl_bench/tool_workload.py, made once)."""
+    if kind in ("smollm2", "calculator"):
         from grpo_dist.hub import fetch_model
 
-        return str(fetch_model(SMOLLM2["model"], lambda m: print(f"[trl_compare] {m}", flush=True)))
+        src = str(fetch_model(SMOLLM2["model"], lambda m: print(f"[trl_compare] {m}", flush=True)))
+        if kind == "smollm2":
+            return src
+        from trl_bench.tool_workload import make_tool_model
+
+        return make_tool_model(src, model_dir(kind), log=lambda m: print(m, flush=True),
+                               tools_block=CALCULATOR["tools_block"])
     path = model_dir(kind)
     if os.path.isfile(os.path.join(path, "config.json")):
         return path
@@ -117,8 +147,12 @@ def grpo_overrides(model_path: str, steps: int, max_staleness: int, out_dir: str
     if w["reward"] == "math":
         reward = "[{fn: math, weight: 1.0, kwargs: {timeout_s: 5}}]"
     else:
-        reward = f"[{{fn: {w['reward']}, weight: 1.0}}]"
+        reward = f'[{{fn: "{w["reward"]}", weight: 1.0}}]'
     more = []
+    if "env" in w:
+        from trl_bench.tool_workload import grpo_tool_overrides
+
+        more += grpo_tool_overrides(w)
     if w["chat_template"]:
         more += ["--data.chat_template", "true"]
     if "grad_clip" in w:
@@ -130,7 +164,7 @@ def grpo_overrides(model_path: str, steps: int, max_staleness: int, out_dir: str
         "--lora.dropout", "0.0", "--lora.target_modules", "[" + ",".join(w["targets"]) + "]",
         "--data.path", w["data"], "--rollout.group_size", str(w["group"]),
         "--rollout.prompts_per_step", str(w["prompts"]), "--rollout.max_tokens", str(w["max_tokens"]),
-        "--rollout.temperature", "1.0", "--rollout.num_workers", str(workers),
+        "--rollout.temperature", str(w.get("temperature", 1.0)), "--rollout.num_workers", str(workers),
         "--reward.functions", reward,
         "--algo.beta", str(w["beta"]), "--algo.num_iterations", "1",
         "--learner.lr", str(w["lr"]), "--learner.warmup_steps", "0", "--learner.lr_schedule", "constant",
@@ -151,7 +185,7 @@ def trl_args(spec: dict[str, Any]) -> dict[str, Any]:
     args = dict(
         output_dir=spec["out_dir"], max_steps=spec["steps"], per_device_train_batch_size=w["micro_batch"],
         gradient_accumulation_steps=n // w["micro_batch"], num_generations=w["group"], generation_batch_size=n, num_iterations=1,
-        max_completion_length=w["max_tokens"], temperature=1.0, learning_rate=w["lr"],
+        max_completion_length=w["max_tokens"], temperature=w.get("temperature", 1.0), learning_rate=w["lr"],
         lr_scheduler_type="constant", warmup_steps=0, beta=w["beta"], seed=w["seed"],
         use_cpu=True, bf16=bool(spec.get("bf16", False)), fp16=False, gradient_checkpointing=spec["gradient_checkpointing"],
         logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True,
@@ -161,6 +195,10 @@ def trl_args(spec: dict[str, Any]) -> dict[str, Any]:
     if "grad_clip" in w:
         args.update(loss_type="grpo", epsilon=0.2, scale_rewards="group", max_grad_norm=w["grad_clip"],
                     adam_beta1=w["betas"][0], adam_beta2=w["betas"][1], shuffle_dataset=False)
+    if "env" in w:
+        from trl_bench.tool_workload import trl_tool_args
+
+        args.update(trl_tool_args(w))
     return args
 
 
@@ -174,6 +212,10 @@ def prompt_rows(workload: str, model_path: str, steps: int) -> list[dict[str, An
 
     w = WORKLOADS[workload]
     n = steps * w["prompts"]
+    if "env" in w:  # conversational: the environment's opening messages (trl_bench/tool_workload.py)
+        from trl_bench.tool_workload import prompt_rows as tool_rows
+
+        return tool_rows(w, steps)
     if not w["chat_template"]:
         records = load_prompts(w["data"], limit=max(64, n))
     else:
