@@ -77,7 +77,7 @@ def template_text(tools_block: bool | str = True) -> str:
 
 def make_tool_model(src: str, dst: str, log=print, tools_block: bool | str = True) -> str:
     """``dst``: the model of ``src`` (symlinked files) with its tokenizer's chat template replaced by
-    Qwen2.5's (:func:`template_text`); made once (atomically), kept while its template is that."""
+    :func:`template_text` of ``tools_block``; made once (atomically), kept while its template is that."""
     from transformers import AutoTokenizer
 
     want = template_text(tools_block)
@@ -94,7 +94,7 @@ def make_tool_model(src: str, dst: str, log=print, tools_block: bool | str = Tru
     tok = AutoTokenizer.from_pretrained(src)
     missing = [t for t in ("<|im_start|>", "<|im_end|>") if tok.convert_tokens_to_ids(t) in (None, tok.unk_token_id)]
     if missing:
-        raise ValueError(f"{src}: the Qwen2.5 template needs the tokens {missing}, not in this vocabulary")
+        raise ValueError(f"{src}: the ChatML / Qwen2.5 templates need the tokens {missing}, not in this vocabulary")
     tok.chat_template = want
     tok.save_pretrained(tmp)
     os.replace(tmp, dst)

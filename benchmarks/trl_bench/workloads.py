@@ -23,8 +23,8 @@ SMOLLM2 = dict(prompts=8, group=8, max_tokens=64, lora_r=16, lora_alpha=32,
                lr=2e-4, max_model_len=256, seed=0, data="builtin:word_problems?difficulty=1", chat_template=True,
                reward="math", micro_batch=8, config="configs/smollm2_cpu.yaml", model="pkg:smollm2-135m-instruct",
                grad_clip=1.0, betas=(0.9, 0.99))
-# "calculator" (issue 25): multi-turn tool use, SmolLM2-135M-Instruct with Qwen2.5's chat template (TRL's tool
-# loop needs a template it knows; trl_bench/tool_workload.py) on builtin:tool_problems, configs/calculator_smollm2.yaml.
+# "calculator" (issue 25): multi-turn tool use, SmolLM2-135M-Instruct with its ChatML template extended to render
+# tool calls (TRL's tool loop needs that; trl_bench/tool_workload.py) on builtin:tool_problems, configs/calculator_smollm2.yaml.
 # Generation as TRL's loop generates: no per-turn cap (max_tokens = the trajectory's budget), a turn ends at EOS (not
 # at </tool_call>: stop_after_call false), every call of a turn runs; max_turns 3 = TRL's first turn + 2 iterations.
 CALCULATOR = dict(SMOLLM2, max_tokens=192, max_total_tokens=192, max_turns=3, max_parallel_calls=4, temperature=0.7,
@@ -113,7 +113,7 @@ def model_dir(kind: str) -> str:
 def ensure_model(kind: str) -> str:
     """The model directory: SmolLM2 converted from its package (grpo_dist/hub.py, cached), or the
     small generated Llama in .cache/bench_models/small-<kind> (made once; kind = untrained | add); calculator:
-    SmolLM2 with Qwen2.5's chat template in .cache/bench_models/ (trl_bench/tool_workload.py, made once)."""
+    SmolLM2 with a chat template that renders tool calls in .cache/bench_models/ (trl_bench/tool_workload.py, made once)."""
     if kind in ("smollm2", "calculator"):
         from grpo_dist.hub import fetch_model
 

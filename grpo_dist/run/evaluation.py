@@ -80,9 +80,8 @@ def tool_use(groups: list[Any]) -> dict[str, Any]:
     out: dict[str, Any] = {k: m[k] for k in TOOL_USE if k in m}
     out.setdefault("tool_calls_mean", 0.0)
     out["tool_use_frac"] = sum(int(r.columns.get("tool_calls") or 0) > 0 for r in flat) / len(flat)
-    calls = sum(int(r.columns.get("tool_calls") or 0) for r in flat)
-    if calls:  # the calls that parsed, named a known tool with good arguments and ran without error
-        out["tool_call_ok_frac"] = 1.0 - sum(int(r.columns.get("tool_errors") or 0) for r in flat) / calls
+    if m.get("tool_calls"):  # the calls that parsed, named a known tool with good arguments and ran without error
+        out["tool_call_ok_frac"] = 1.0 - m["tool_error_frac"]
     out["stop_reasons"] = {k.split("/", 1)[1]: int(v) for k, v in m.items() if k.startswith("stop_reason/")}
     return out
 
