@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from grpo_dist.config import ConfigError, dump_config, load_config
+from grpo_dist.config.describe import describe_fields
 
 EPILOG_TRAIN = """\
 overrides:
@@ -34,78 +35,6 @@ outputs (in output_dir):
 def _fail(msg: str) -> int:
     print(f"config error: {msg}", file=sys.stderr)
     return 2
-
-
-def _yaml(v) -> str:
-    """``v`` as one line of YAML, as it is written in a config file or after ``--section.key``."""
-    import yaml
-
-    def plain(x):
-        return [plain(y) for y in x] if isinstance(x, (list, tuple)) else \
-            {k: plain(y) for k, y in x.items()} if isinstance(x, dict) else x
-
-    text = yaml.safe_dump(plain(v), default_flow_style=True, width=10**6, sort_keys=False).strip()
-    return text.removesuffix("...").strip()
-
-
-def _allowed(annotation) -> str | None:
-    """The values an enumerated (Literal) field takes: ``one of: a, b`` (``or null`` for an
-    Optional one, ``an integer or auto`` for ``int | Literal["auto"]``); None for other fields."""
-    import typing
-
-    literals, others = [], []
-
-    def walk(t):
-        if typing.get_origin(t) is typing.Literal:
-            literals.extend(typing.get_args(t))
-        elif typing.get_origin(t) is typing.Union:
-            for a in typing.get_args(t):
-                walk(a)
-        else:
-            others.append({int: "an integer", float: "a number", type(None): "null"}.get(t, getattr(t, "__name__", str(t))))
-
-    walk(annotation)
-    if not literals:
-        return None
-    values = ", ".join(str(x) for x in literals)
-    extra = [o for o in others if o != "null"]
-    if extra:
-        return f"{' or '.join(extra)}, or {values}" + (" or null" if "null" in others else "")
-    return f"one of: {values}" + (", null" if "null" in others else "")
-
-
-def describe_fields(section: str | None = None) -> list[str]:
-    """Every config field as ``section.key = default`` (YAML) and its description, and the
-    allowed values of an enumerated field (one section or all)."""
-    import textwrap
-
-    from pydantic import BaseModel
-
-    from grpo_dist.config import Config
-
-    def default(f):
-        v = f.default_factory() if f.default_factory is not None else f.default
-        if isinstance(v, list):
-            v = [x.model_dump(mode="json") if isinstance(x, BaseModel) else x for x in v]
-        return v.model_dump(mode="json") if isinstance(v, BaseModel) else v
-
-    sections = Config.model_fields
-    if section is not None and section not in sections:
-        raise ConfigError(f"--help-config: unknown section {section!r} (one of {' '.join(sections)})")
-    out: list[str] = []
-    for name, f in sections.items():
-        if section not in (None, name):
-            continue
-        sub = f.annotation if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel) else None
-        fields = sub.model_fields.items() if sub is not None else [(None, f)]
-        for key, ff in fields:
-            path = name if key is None else f"{name}.{key}"
-            out.append(f"{path} = {_yaml(default(ff))}")
-            out += textwrap.wrap(ff.description or "", width=96, initial_indent="    ", subsequent_indent="    ")
-            allowed = _allowed(ff.annotation)
-            if allowed:
-                out.append(f"    {allowed}")
-    return out
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:

@@ -77,6 +77,9 @@ class Rollout:
 
 # stop reasons of a multi-turn trajectory that mean a length limit cut it (grpo_dist/rollout/turns.py)
 LENGTH_STOPS = ("length", "budget", "context")
+# per-trajectory tool counters (an environment's step info, summed per trajectory into reward
+# columns of these names and into rollout metrics)
+TOOL_COUNTERS = ("tool_calls", "tool_errors", "tool_timeouts", "tool_malformed", "tool_truncated")
 
 
 @dataclass

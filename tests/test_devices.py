@@ -155,41 +155,78 @@ def test_collective_device_per_backend(backend, device):
     assert collective_device(backend, cuda_index=1) == device
 
 
-def _fake_group(monkeypatch, backend: str) -> list:
-    """Pretend a process group of ``backend`` is up; the fake all_reduce refuses what NCCL refuses."""
+def _gloo_rank(rank: int, port: int, out) -> None:
+    """One rank of a real 2-process gloo group: its metrics reduced, the devices handed to gloo."""
     import torch.distributed as dist
 
-    seen: list = []
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        seen, real = [], dist.all_reduce
 
-    def all_reduce(t, op=None):
-        seen.append(t.device.type)
-        if backend == "nccl" and t.device.type != "cuda":
-            raise RuntimeError("No backend type associated with device type cpu")  # what NCCL says
+        def spy(t, *a, **kw):
+            seen.append(t.device.type)
+            return real(t, *a, **kw)
 
-    monkeypatch.setattr(dist, "get_backend", lambda group=None: backend)
-    monkeypatch.setattr(dist, "all_reduce", all_reduce)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    return seen
+        dist.all_reduce = spy
+        acc = MetricAccumulator()
+        acc.add({"loss": 0.5 + rank, "kl_mean": 0.1 * (rank + 1), "ratio_max": 1.2 + rank}, tokens=4 * (rank + 1))
+        out.put((rank, seen, acc.reduce(world_size=2), state.all_reduce_floats([1.0 + rank, 2.0])))
+    finally:
+        dist.destroy_process_group()
 
 
-def test_metric_reduce_uses_cpu_tensors_with_gloo(monkeypatch):
-    seen = _fake_group(monkeypatch, "gloo")
-    acc = MetricAccumulator()
-    acc.add({"loss": 0.5, "kl_mean": 0.1, "ratio_max": 1.2}, tokens=4)
-    out = acc.reduce(world_size=2)
-    assert seen == ["cpu", "cpu"] and out["train/loss"] == 0.5 and out["train/ratio_max"] == 1.2
-    assert state.all_reduce_floats([1.0, 2.0]) == [1.0, 2.0]
+def test_metric_reduce_uses_cpu_tensors_with_gloo():
+    """Two real gloo ranks: every collective gets CPU tensors, and the reduced metrics are the
+    global ones (the loss summed, a token-weighted mean, the max over ranks) on both ranks."""
+    import multiprocessing as mp
+
+    from grpo_dist.util.ports import free_port
+
+    ctx = mp.get_context("spawn")
+    q, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=_gloo_rank, args=(r, port, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        got = dict((r, rest) for r, *rest in (q.get(timeout=120) for _ in procs))
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+    for rank in range(2):
+        seen, out, floats = got[rank]
+        assert seen == ["cpu", "cpu", "cpu"], seen  # the metrics' SUM and MAX, then all_reduce_floats
+        assert out["train/loss"] == pytest.approx(0.5 + 1.5)
+        assert out["train/kl"] == pytest.approx((0.1 * 4 + 0.2 * 8) / 12)
+        assert out["train/ratio_max"] == pytest.approx(2.2)
+        assert floats == [3.0, 4.0]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only check; tests/test_gpu_learner.py runs real NCCL")
 def test_metric_reduce_puts_its_tensors_on_cuda_for_nccl(monkeypatch):
     """Before the fix, ``reduce`` handed NCCL CPU tensors (NCCL raises "No backend type associated
-    with device type cpu"). On a machine without CUDA the fixed code gets as far as allocating its
-    tensor on ``cuda:0`` -- which is what this checks; the GPU test runs it against real NCCL."""
-    seen = _fake_group(monkeypatch, "nccl")
+    with device type cpu"). With no CUDA here, the tensors are made where they are asked for but
+    kept on the CPU, and the device each collective's tensor was asked on is recorded: both
+    reductions ask for ``cuda:0``, and the fake group (two equal ranks) gives the right values."""
+    import torch.distributed as dist
+
+    asked: list = []
+    real_tensor = torch.tensor
+
+    def tensor(*a, device=None, **kw):
+        asked.append(torch.device(device) if device is not None else None)
+        return real_tensor(*a, **kw)
+
+    def all_reduce(t, op=None):  # two ranks with the same values
+        if op == dist.ReduceOp.SUM:
+            t.mul_(2)
+
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch, "tensor", tensor)
     acc = MetricAccumulator()
-    acc.add({"loss": 0.5}, tokens=4)
-    with pytest.raises((RuntimeError, AssertionError)) as e:
-        acc.reduce(world_size=2)
-    assert "No backend type associated" not in str(e.value) and seen == []
-    assert "CUDA" in str(e.value) or "cuda" in str(e.value)
+    acc.add({"loss": 0.5, "kl_mean": 0.1, "ratio_max": 1.2}, tokens=4)
+    out = acc.reduce(world_size=2)
+    assert asked == [torch.device("cuda", 0)] * 2, asked
+    assert out["train/loss"] == pytest.approx(1.0) and out["train/kl"] == pytest.approx(0.1)
+    assert out["train/ratio_max"] == pytest.approx(1.2)

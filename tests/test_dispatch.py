@@ -7,7 +7,7 @@ import random
 import pytest
 
 from grpo_dist.batch import staleness_metrics
-from grpo_dist.rollout.dispatch import assign_chunks, chunk_bounds, merge_in_order, split
+from grpo_dist.orchestrator.dispatch import assign_chunks, chunk_bounds, merge_in_order, split
 
 
 def test_auto_chunks_are_todays_static_shards():

@@ -1,4 +1,4 @@
-"""The W&B conversation table of multi-turn runs (``batch.sample_table``): trajectories of a
+"""The W&B conversation table of multi-turn runs (``run.monitor.tables.sample_table``): trajectories of a
 scripted tool environment (the demo's tiny model, transformers backend, in process), logged to an
 offline W&B run and read back from its ``.wandb`` file: each turn's role and text, the tool
 results, reward, stop reason, turns and tool counters."""
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from wandb_tables import logged_tables
 
-from grpo_dist.batch import CONVERSATION_COLUMNS, SAMPLE_COLUMNS, sample_table
+from grpo_dist.run.monitor.tables import CONVERSATION_COLUMNS, SAMPLE_COLUMNS, sample_table
 from grpo_dist.config import load_config
 from grpo_dist.data import make_task
 from grpo_dist.rollout.worker import RolloutWorker

@@ -35,7 +35,16 @@ def test_a_port_in_use_is_skipped(monkeypatch):
 
 
 def test_without_room_outside_the_ephemeral_range_it_asks_the_kernel(monkeypatch):
+    """No span of 100 ports is left outside the (pretended) ephemeral range: nothing is drawn, the
+    port comes from a port-0 bind, so it lies in the kernel's real ephemeral range, and is free."""
+    lo, hi = port_mod.ephemeral_range()
+
+    def no_draw(a, b):
+        raise AssertionError(f"drew from {a}-{b} although no span was left")
+
     monkeypatch.setattr(port_mod, "ephemeral_range", lambda: (1024, 65535))
-    p = free_port()
+    monkeypatch.setattr(port_mod, "_draw_port", no_draw)
+    ports = {free_port() for _ in range(5)}
+    assert all(lo <= p <= hi for p in ports), (lo, hi, ports)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", p))
+        s.bind(("127.0.0.1", ports.pop()))

@@ -11,7 +11,7 @@ import torch
 from grpo_dist.config import load_config
 from grpo_dist.data import PromptRecord
 from grpo_dist.devices import adapter_mode, choices
-from grpo_dist.sync.merge import LoraMerger, MergeError, lora_deltas, read_adapter_dir
+from grpo_dist.sync.merge import LoraMerger, MergeError, lora_factors, read_adapter_dir
 from grpo_dist.types import AdapterUpdate
 
 
@@ -104,10 +104,10 @@ def test_base_is_returned_unchanged_and_bad_adapters_are_refused(tiny_model_dir,
     assert all(torch.equal(a, merger.base[k]) for k, a in merger.merged(None, None).items())
     upd = as_update(peft_model(tiny_model_dir))
     with pytest.raises(MergeError, match="use_dora"):
-        lora_deltas(upd.tensors, {**upd.peft_config, "use_dora": True})
+        lora_factors(upd.tensors, {**upd.peft_config, "use_dora": True})
     only_a = {k: v for k, v in upd.tensors.items() if ".lora_A." in k}
     with pytest.raises(MergeError, match="no lora_B partner"):
-        lora_deltas(only_a, upd.peft_config)
+        lora_factors(only_a, upd.peft_config)
     renamed = {k.replace("q_proj", "qq_proj"): v for k, v in upd.tensors.items()}
     with pytest.raises(MergeError, match="does not have"):
         merger.merged(renamed, upd.peft_config)

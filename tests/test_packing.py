@@ -152,7 +152,7 @@ def test_sliding_window_model_packs_with_its_window(tmp_path):
     learner, info = make_learner(small_config(tmp_path / "mistral", algo=dict(beta=0.04),
                                               learner={"micro_batch_size": 16}))
     try:
-        assert info["packing"] == "group", learner.packing_line
+        assert info["packing"] == "group", learner.layout.line
         randomize_lora(learner, seed=1)
         batch = grouped_batch(4, 4, seed=5)
         packed, padded = learner.layout.collate(batch), learner.layout.collate(batch, mode="off")
@@ -178,7 +178,7 @@ def twin(tiny_model_dir):
 @pytest.mark.parametrize("layout,cap", [("group", None), ("mask", None), ("mask", 12)])
 def test_packed_logprobs_and_entropy_equal_padded(twin, layout, cap):
     learner, info = twin
-    assert info["packing"] == "group" and learner.packing_line.startswith("learner: group packing on (one row")
+    assert info["packing"] == "group" and learner.layout.line.startswith("learner: group packing on (one row")
     batch = grouped_batch(4, 4, seed=1)
     # cap 12: a group's completions spread over several rows
     packed = learner.layout.collate(batch, mode=layout, pack_len=cap or 512)
@@ -251,7 +251,7 @@ def test_falls_back_to_padding_when_no_layout_reproduces_padded(tiny_model_dir, 
     learner, info = make_learner(small_config(tiny_model_dir))
     try:
         assert info["packing"] == "off" and info["packed_row_len"] == 0
-        line = learner.packing_line
+        line = learner.layout.line
         assert line.startswith("learner: group packing off: the model's attention (sdpa)"), line
         assert "group: max |logp packed - padded|" in line and "; mask: max |logp" in line
         assert "learner.packing: off" in line
@@ -274,7 +274,7 @@ def test_group_refused_falls_back_to_mask(tiny_model_dir, monkeypatch):
     learner, info = make_learner(small_config(tiny_model_dir))
     try:
         assert info["packing"] == "mask" and info["packed_row_len"] > 0
-        assert learner.packing_line.startswith("learner: group packing on (a row per prompt group")
+        assert learner.layout.line.startswith("learner: group packing on (a row per prompt group")
         assert learner.engine.module.config._attn_implementation == "sdpa"
     finally:
         learner.shutdown()
@@ -284,6 +284,6 @@ def test_packing_off_skips_the_check(tiny_model_dir):
     learner, info = make_learner(small_config(tiny_model_dir, learner={"packing": "off"}))
     try:
         assert info["packing"] == "off" and info["packed_row_len"] == 0
-        assert learner.packing_line == "learner: packing off (learner.packing: off)"
+        assert learner.layout.line == "learner: packing off (learner.packing: off)"
     finally:
         learner.shutdown()

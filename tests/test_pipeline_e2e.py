@@ -63,7 +63,7 @@ def test_staleness_never_exceeds_k(k, ray_cluster, pretrained_model_dir, tmp_pat
     ids = t.rec.prompt_ids
     assert len(ids) == len(set(ids)) == 20  # every prompt trained once
     assert t.rollouts.stream.state_dict()["index"] == 20  # nothing drawn past the last step
-    assert t.rollouts.idle and not t.sync.loads  # nothing left in flight
+    assert not t.rollouts.pipeline.queue and not t.sync.loads  # nothing left in flight
 
 
 def test_resume_with_k2_regenerates_exactly_the_prompts_not_trained_on(ray_cluster, pretrained_model_dir, tmp_path):
@@ -92,7 +92,7 @@ def test_a_dead_engine_with_queued_chunks_is_replaced_and_they_are_sent_again(
     no sample is more than 2 versions behind."""
     import ray
 
-    from grpo_dist.rollout.pipeline import RolloutPipeline
+    from grpo_dist.orchestrator.pipeline import RolloutPipeline
 
     sent = []
     original = RolloutPipeline._send

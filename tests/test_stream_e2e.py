@@ -65,7 +65,7 @@ def test_streaming_staleness_buffer_and_early_scores(k, ray_cluster, pretrained_
     assert max(h["rollout/staleness_max"] for h in t.history) == float(k)  # the pipeline filled up
     assert [h["sync/version"] for h in t.history] == [1.0, 2.0, 3.0, 4.0, 5.0]
     assert len(t.rec.prompt_ids) == len(set(t.rec.prompt_ids)) == 20  # each prompt trained once
-    assert t.rollouts.stream.state_dict()["index"] == 20 and t.rollouts.idle and not t.sync.loads
+    assert t.rollouts.stream.state_dict()["index"] == 20 and not t.rollouts.pipeline.queue and not t.sync.loads
     assert p.capacity == 4 * (k + 1) and 0 < p.buffer_peak <= p.capacity
     # Whether a group is scored before its batch's last group finishes depends on timing here (a
     # tiny model's groups finish within milliseconds of each other): printed, not asserted;
@@ -83,7 +83,7 @@ def test_a_dead_engine_with_queued_groups_is_replaced_and_they_are_sent_again(
     trained once and no sample is more than 2 versions behind."""
     import ray
 
-    from grpo_dist.rollout.stream import StreamPipeline
+    from grpo_dist.orchestrator.stream import StreamPipeline
 
     sent = []
     original = StreamPipeline._send

@@ -37,7 +37,7 @@ def _pipeline(cfg, engines: int = 2, capacity: int = 8):
     from grpo_dist.run.workers import create_reward
     from grpo_dist.cluster.placement import ActorSpec
     from grpo_dist.cluster.ray_utils import ActorGroup
-    from grpo_dist.rollout.stream import StreamPipeline
+    from grpo_dist.orchestrator.stream import StreamPipeline
 
     class SlowEngine:
         """A streaming rollout actor's ``generate_group``, without vLLM: ``record["delay"]``
@@ -86,7 +86,7 @@ def test_groups_go_to_the_engine_with_the_least_outstanding_work(cfg):
     """Static shards would put the second batch's groups on engines [0, 1, 0]; engine 0 still
     holds the slow group, so the pipeline sends them to [1, 0, 1]. The buffer refuses a batch past
     its capacity."""
-    from grpo_dist.rollout.stream import BufferFull
+    from grpo_dist.orchestrator.stream import BufferFull
 
     p = _pipeline(cfg, capacity=7)
     try:

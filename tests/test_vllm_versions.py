@@ -105,22 +105,6 @@ def test_cpu_engines_run_without_chunked_prefill_and_a_budget_of_at_least_max_mo
     assert kw["worker_extension_cls"] == "pkg.mod.Ext" and "max_num_batched_tokens" not in kw
 
 
-def test_nccl_weight_transfer_payloads_parse_in_the_installed_vllm():
-    """vLLM's own info classes accept the payloads; the packing parameters travel once (init info
-    on 0.32, each update's info on 0.26)."""
-    from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitInfo
-    from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferUpdateInfo
-
-    init = vllm_compat.nccl_init_info("10.0.0.1", 29555, 1, 3, packed=True, buffer_size_bytes=256 << 20)
-    upd = vllm_compat.nccl_update_info(["a.weight", "b.bias"], ["bfloat16", "float32"], [(4, 8), [8]])
-    i, u = NCCLWeightTransferInitInfo(**init), NCCLWeightTransferUpdateInfo(**upd)
-    assert (i.master_address, i.master_port, i.rank_offset, i.world_size) == ("10.0.0.1", 29555, 1, 3)
-    assert u.names == ["a.weight", "b.bias"] and u.shapes == [[4, 8], [8]]
-    assert ("packed" in init) != ("packed" in upd)
-    carrier = i if "packed" in init else u
-    assert carrier.packed is True and carrier.packed_buffer_size_bytes == 256 << 20
-
-
 def test_the_gpu_extra_keeps_the_torch_of_gpu_images():
     """vLLM 0.26.x pins torch 2.11.0 (what GPU images ship); 0.27 and later pin newer torch, so
     pip, which takes the newest vLLM a range allows, would replace the image's torch

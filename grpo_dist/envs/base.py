@@ -7,7 +7,7 @@ One instance per trajectory (an environment may keep state between turns):
 * ``step(completion) -> EnvStep``: the assistant's text of this turn in; the messages the
   environment answers with (``[{"role": "user" | "tool", "content": ...}]``, appended to the
   trajectory as tokens with loss mask 0), a reward or None, ``done``, and free-form ``info``
-  (numeric entries named in :data:`COUNTERS` are summed per trajectory into reward columns and
+  (numeric entries named in :data:`grpo_dist.types.TOOL_COUNTERS` are summed per trajectory into reward columns and
   metrics).
 
 Optional members, read by the rollout: ``stop`` (more stop strings for every turn, e.g. a tool
@@ -34,8 +34,6 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 
 Message = dict[str, Any]
-# per-step info entries summed over a trajectory (reward columns, rollout metrics)
-COUNTERS = ("tool_calls", "tool_errors", "tool_timeouts", "tool_malformed", "tool_truncated")
 
 
 @dataclass

@@ -20,10 +20,6 @@ from grpo_dist.envs.tools import TRLEnv
 from grpo_dist.util.plugins import load_object
 
 
-def registered_envs() -> list[str]:
-    return sorted(_ENVS)
-
-
 def env_factory(spec: str, kwargs: dict[str, Any] | None = None,
                 limits: EnvLimits | None = None) -> Callable[[], Env]:
     """A function making a fresh environment per trajectory; ValueError naming ``spec`` if it

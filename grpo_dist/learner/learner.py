@@ -107,10 +107,6 @@ class Learner:
         return self.policy.device if self.policy is not None else torch.device("cpu")
 
     @property
-    def packing_line(self) -> str:
-        return self.layout.line if self.layout is not None else ""
-
-    @property
     def old_logp_source(self) -> str:
         """``"policy"`` or ``"behaviour"``: where pi_old comes from (``step.old_logp_source``)."""
         return self.step.old_logp_source if self.step is not None else self._old_logp_source

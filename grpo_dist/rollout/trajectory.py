@@ -14,11 +14,11 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_dist.envs.base import COUNTERS, Env, EnvLimits, EnvStep, acall
+from grpo_dist.envs.base import Env, EnvLimits, EnvStep, acall
 from grpo_dist.envs.chat import (MessageEncoder, cap_tool_messages, encode_opening, first_difference, has_template,
                                  opening_messages, render)
 from grpo_dist.rollout.base import Sample, SamplingSpec
-from grpo_dist.types import Rollout
+from grpo_dist.types import TOOL_COUNTERS, Rollout
 
 log = logging.getLogger("grpo_dist.rollout")
 _MASK63 = (1 << 63) - 1
@@ -39,7 +39,7 @@ class Trajectory:
     mask: list[int] = field(default_factory=list)
     turns: int = 0
     stop_reason: str | None = None
-    counters: dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in COUNTERS})
+    counters: dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in TOOL_COUNTERS})
     reward: float | None = None
     sanity_diff: int | None = None
     tools: list[dict[str, Any]] | None = None  # schemas the opening passed through the template's tools=
@@ -51,7 +51,7 @@ class Trajectory:
         self.mask += [1 if logprobs is not None else 0] * len(ids)
 
     def note(self, step: EnvStep) -> None:
-        for k in COUNTERS:
+        for k in TOOL_COUNTERS:
             v = step.info.get(k)
             if isinstance(v, (int, float)):
                 self.counters[k] += float(v)

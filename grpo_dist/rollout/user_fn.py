@@ -31,10 +31,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from grpo_dist.envs.base import COUNTERS, acall, env_loop, run
+from grpo_dist.envs.base import acall, env_loop, run
 from grpo_dist.rollout.base import Generator, SamplingSpec
 from grpo_dist.rollout.trajectory import turn_seed
-from grpo_dist.types import Rollout, RolloutGroup
+from grpo_dist.types import TOOL_COUNTERS, Rollout, RolloutGroup
 from grpo_dist.util.plugins import load_object
 
 REQUIRED = ("completion_ids", "loss_mask", "logprobs")
@@ -199,10 +199,10 @@ def to_rollout(name: str, rec: Any, prompt_ids: list[int], out: Any, calls: int,
     logprobs = [float(lp) if m == 1 else 0.0 for lp, m in zip(out["logprobs"], mask)]
     stop = str(out.get("stop_reason") or "done")
     info = out.get("info") or {}
-    counters = {k: int(info[k]) for k in COUNTERS if isinstance(info.get(k), (int, float))}
+    counters = {k: int(info[k]) for k in TOOL_COUNTERS if isinstance(info.get(k), (int, float))}
     cols = dict(rec.columns)
     cols.update(stop_reason=stop, truncated=stop != "done", turns=calls, env_reward=out.get("reward"),
-                **{k: counters.get(k, 0) for k in COUNTERS})
+                **{k: counters.get(k, 0) for k in TOOL_COUNTERS})
     ids = out["completion_ids"]
     return Rollout(prompt_id=rec.id, prompt=rec.prompt, prompt_ids=out["prompt_ids"], completion_ids=ids,
                    completion=tok.decode(ids, skip_special_tokens=True), logprobs=logprobs,

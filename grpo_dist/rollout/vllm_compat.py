@@ -8,8 +8,6 @@ arguments, ``LLM.generate`` / ``sleep`` / ``wake_up`` / ``collective_rpc`` / ``r
 mechanism are the same in both. What differs is here, detected by feature where vLLM offers one:
 
 * the logger of the per-reload "Following weights were not loaded" notice;
-* the NCCL weight-transfer payloads: 0.26 carries ``packed`` (and the buffer geometry) in each
-  update's info, 0.32 in the init info (a keyword-only dataclass there);
 * a workaround for a bug both have (:func:`cpu_prefill_kwargs`).
 
 Nothing here imports vLLM at module import time.
@@ -113,45 +111,3 @@ def cpu_prefill_kwargs(max_model_len: int, max_num_batched_tokens: int | None = 
                      max_num_batched_tokens, max_model_len)
         kwargs["max_num_batched_tokens"] = max(max_num_batched_tokens, max_model_len)
     return kwargs
-
-
-# -- vLLM's NCCL weight-transfer API (GPU): payloads for both releases ------------------------
-
-def _packed_in_init_info() -> bool:
-    from dataclasses import fields
-
-    from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitInfo
-
-    return "packed" in {f.name for f in fields(NCCLWeightTransferInitInfo)}
-
-
-def _packed_fields(packed: bool, buffer_size_bytes: int | None, num_buffers: int | None) -> dict:
-    out: dict = {"packed": packed}
-    if buffer_size_bytes is not None:
-        out["packed_buffer_size_bytes"] = buffer_size_bytes
-    if num_buffers is not None:
-        out["packed_num_buffers"] = num_buffers
-    return out
-
-
-def nccl_init_info(master_address: str, master_port: int, rank_offset: int, world_size: int, *,
-                   packed: bool = True, buffer_size_bytes: int | None = None,
-                   num_buffers: int | None = None) -> dict:
-    """``init_info`` for ``init_weight_transfer_engine`` (``WeightTransferConfig(backend="nccl")``).
-    On 0.32 the packing parameters ride here; on 0.26 in :func:`nccl_update_info`."""
-    info: dict = dict(master_address=master_address, master_port=master_port, rank_offset=rank_offset,
-                      world_size=world_size)
-    if _packed_in_init_info():
-        info.update(_packed_fields(packed, buffer_size_bytes, num_buffers))
-    return info
-
-
-def nccl_update_info(names: list[str], dtype_names: list[str], shapes: list[list[int]], *,
-                     packed: bool = True, buffer_size_bytes: int | None = None,
-                     num_buffers: int | None = None) -> dict:
-    """``update_info`` for ``update_weights`` (one call per update; the trainer broadcasts the
-    tensors in this order, e.g. with ``packed_tensor.packed_nccl_broadcast_producer``)."""
-    info: dict = dict(names=list(names), dtype_names=list(dtype_names), shapes=[list(s) for s in shapes])
-    if not _packed_in_init_info():
-        info.update(_packed_fields(packed, buffer_size_bytes, num_buffers))
-    return info

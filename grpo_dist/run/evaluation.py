@@ -96,7 +96,7 @@ def evaluate(cfg: Config, rollout: "ActorGroup", reward: "ActorGroup", records: 
              with_samples: int = 0) -> dict[str, Any]:
     """Metrics of the policy the rollout workers currently serve, on ``records``."""
     from grpo_dist.algo import pass_at_k
-    from grpo_dist.rollout import dispatch
+    from grpo_dist.orchestrator import dispatch
 
     t0 = time.perf_counter()
     plan = plan_eval(check_rewards(cfg), records)

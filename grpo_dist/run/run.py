@@ -22,8 +22,8 @@ from grpo_dist.config import Config
 from grpo_dist.data import PromptStream
 from grpo_dist.devices import choices, sleeps_while_learning
 from grpo_dist.reward.failures import RewardFailureError
-from grpo_dist.batch import sample_table
-from grpo_dist.rollout.manager import RolloutManager
+from grpo_dist.run.monitor.tables import sample_table
+from grpo_dist.orchestrator.manager import RolloutManager
 from grpo_dist.run import checkpoint, preflight
 from grpo_dist.run.evaluation import eval_metrics, evaluate
 from grpo_dist.run.monitor import Monitor, StepTimer, non_finite
@@ -33,7 +33,7 @@ from grpo_dist.run.outputs import (resolve_outputs, resume_command, resume_hint,
                                    write_summary)
 from grpo_dist.run.prepare import make_monitor
 from grpo_dist.run.workers import Workers, start_workers
-from grpo_dist.sync.collective import make_weight_sync
+from grpo_dist.sync.factory import make_weight_sync
 
 
 class TrainingError(RuntimeError):

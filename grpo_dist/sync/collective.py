@@ -217,10 +217,3 @@ class CollectiveSync(WeightSync):
                 m["sync/engine_peak_extra_mb"] = max(peaks) / 2**20
             m.update(sync_clocks(done))
         return m
-
-
-def make_weight_sync(cfg) -> WeightSync:
-    """The driver's sync for ``sync.transport``: a payload transport's, or the process group's."""
-    if cfg.sync.transport == "collective":
-        return CollectiveSync(cfg)
-    return WeightSync(allow_newer=cfg.rollout.streaming)

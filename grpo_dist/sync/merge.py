@@ -62,15 +62,6 @@ def lora_factors(tensors: dict[str, torch.Tensor],
     return factors
 
 
-def lora_deltas(tensors: dict[str, torch.Tensor], peft_config: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """``{base weight name: scaling * B @ A}`` (float32) for a PEFT LoRA state dict."""
-    out = {}
-    for base, (b, a, scaling, fan_in_fan_out) in lora_factors(tensors, peft_config).items():
-        delta = (b.float() @ a.float()) * scaling
-        out[base] = delta.T if fan_in_fan_out else delta
-    return out
-
-
 def _merge_one(w: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scaling: float, fan_in_fan_out: bool,
                dtype: torch.dtype) -> torch.Tensor:
     """``W + scaling * B @ A`` in float32 (one fused addmm), then in ``dtype``. One output tensor

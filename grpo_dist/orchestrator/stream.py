@@ -1,6 +1,6 @@
 """The streaming pipeline on the driver (``rollout.streaming``): one request per group, scored at once.
 
-Same interface as :class:`~grpo_dist.rollout.pipeline.RolloutPipeline` (submit / take / scored /
+Same interface as :class:`~grpo_dist.orchestrator.pipeline.RolloutPipeline` (submit / take / scored /
 generate / data_before / on_version), so the rollout manager does not branch on it. Each prompt of a batch goes, as its own call, to the rollout engine with the
 fewest outstanding groups (async actors running vLLM's ``AsyncLLM``, which batches whatever is in
 flight). Its scoring call is submitted at the same moment with the generation's ObjectRef as its
@@ -22,9 +22,9 @@ from typing import Any
 
 import ray
 
-from grpo_dist.cluster.ray_utils import ActorGroup, ClusterError
-from grpo_dist.rollout import dispatch
-from grpo_dist.rollout.pipeline import RolloutPipeline, Scored
+from grpo_dist.cluster.ray_utils import ActorGroup
+from grpo_dist.orchestrator import dispatch
+from grpo_dist.orchestrator.pipeline import RolloutPipeline, Scored
 
 
 @dataclass
@@ -113,21 +113,18 @@ class StreamPipeline(RolloutPipeline):
         """Wait for a batch's groups and their scores (in prompt order); the scores wait in ``p``
         for :meth:`score`. Metrics: how many groups were scored before the batch's last group
         finished generating, the engine of each group."""
-        while True:
-            for j, it in enumerate(p.items):
-                if it.actor is not self.rollout.actors[it.rank]:  # its engine was replaced meanwhile
-                    rank = dispatch.assign_chunks([1], self.outstanding())[0]
-                    p.items[j] = self._send(p, it.index, rank)
-                elif it.reward_actor is not self.reward.actors[it.reward_rank]:
-                    self._score(it)
-            try:
-                gens = self.rollout.get([it.gen for it in p.items], timeout=self.timeout,
-                                        ranks=[it.rank for it in p.items])
-                scored = self.reward.get([it.score for it in p.items], ranks=[it.reward_rank for it in p.items])
-            except ClusterError as e:
-                self.recovery.handle(e)  # replaces the actor (with the current weights) or re-raises
-                continue
-            break
+        def refresh(it: Item) -> Item:
+            if it.actor is not self.rollout.actors[it.rank]:  # its engine was replaced meanwhile
+                return self._send(p, it.index, dispatch.assign_chunks([1], self.outstanding())[0])
+            if it.reward_actor is not self.reward.actors[it.reward_rank]:
+                self._score(it)
+            return it
+
+        def get(items: list[Item]) -> tuple[list, list]:
+            return (self.rollout.get([it.gen for it in items], timeout=self.timeout, ranks=[it.rank for it in items]),
+                    self.reward.get([it.score for it in items], ranks=[it.reward_rank for it in items]))
+
+        gens, scored = self._gather(p.items, refresh, get)
         last = max(t for _, t in gens)
         ranks = [it.rank for it in p.items]
         m = {"rollout/groups_scored_early": float(sum(t < last for _, t in scored)),

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import ray
 
 from grpo_dist.cluster.ray_utils import ActorGroup, ClusterError
-from grpo_dist.rollout import dispatch
+from grpo_dist.orchestrator import dispatch
 from grpo_dist.types import RewardResult, RolloutGroup
 
 
@@ -112,21 +112,28 @@ class RolloutPipeline:
     def collect(self, p: Pending) -> list[RolloutGroup]:
         """Wait for a batch's chunks; groups in prompt order. A dead or hung engine is replaced
         and its chunks (of this batch; other batches' when they are collected) sent again."""
+        def refresh(c: Chunk) -> Chunk:
+            if c.actor is self.rollout.actors[c.rank]:
+                return c
+            c.done = True  # its engine was replaced meanwhile: the chunk goes to the least-loaded engine
+            return self._send(p, c.lo, c.hi, dispatch.assign_chunks([c.hi - c.lo], self.outstanding())[0])
+
+        parts = self._gather(p.chunks, refresh, lambda chunks: self.rollout.get(
+            [c.ref for c in chunks], timeout=self.timeout, ranks=[c.rank for c in chunks]))
+        for c in p.chunks:
+            c.done = True
+        return dispatch.merge_in_order([(c.lo, part) for c, part in zip(p.chunks, parts)])
+
+    def _gather(self, units: list, refresh: Callable[[Any], Any], get: Callable[[list], Any]) -> Any:
+        """``get(units)``, after ``refresh`` replaced (in place) each unit whose actor was replaced
+        since it was sent (sent again); on a dead or hung actor, recovery replaces it (or
+        re-raises) and the wait starts over. The one recovery loop of both pipelines."""
         while True:
-            for i, c in enumerate(p.chunks):
-                if c.actor is not self.rollout.actors[c.rank]:  # its engine was replaced meanwhile
-                    c.done = True
-                    rank = dispatch.assign_chunks([c.hi - c.lo], self.outstanding())[0]
-                    p.chunks[i] = self._send(p, c.lo, c.hi, rank)
+            units[:] = [refresh(u) for u in units]
             try:
-                parts = self.rollout.get([c.ref for c in p.chunks], timeout=self.timeout,
-                                         ranks=[c.rank for c in p.chunks])
+                return get(units)
             except ClusterError as e:
-                self.recovery.handle(e)  # replaces the engine (with the current weights) or re-raises
-                continue
-            for c in p.chunks:
-                c.done = True
-            return dispatch.merge_in_order([(c.lo, part) for c, part in zip(p.chunks, parts)])
+                self.recovery.handle(e)  # replaces the actor (with the current weights) or re-raises
 
     def score(self, p: Pending, groups: list[RolloutGroup]) -> Scored:
         """The scores of a collected batch (sharded over the reward actors)."""

@@ -1,6 +1,6 @@
 """Sharding work over actor groups and merging the results back in order.
 
-Training generation goes through ``grpo_dist.rollout.pipeline`` (chunks to the least-loaded engine,
+Training generation goes through ``grpo_dist.orchestrator.pipeline`` (chunks to the least-loaded engine,
 :func:`chunk_bounds` / :func:`assign_chunks` / :func:`merge_in_order`); evaluation uses the
 static shards of :func:`generate`."""
 

@@ -1,8 +1,8 @@
 """The rollout manager: scored batches for the driver, batch or streaming behind one interface.
 
 It owns the prompt stream's bookkeeping (which prompts, with which sampling-seed keys), the
-pipeline (``rollout.streaming``: :class:`~grpo_dist.rollout.stream.StreamPipeline`, else
-:class:`~grpo_dist.rollout.pipeline.RolloutPipeline`), the staleness bound (batches of steps up to
+pipeline (``rollout.streaming``: :class:`~grpo_dist.orchestrator.stream.StreamPipeline`, else
+:class:`~grpo_dist.orchestrator.pipeline.RolloutPipeline`), the staleness bound (batches of steps up to
 ``depth = trainer.max_staleness / algo.num_iterations`` ahead of the learner), dynamic sampling
 (zero-spread groups dropped and refilled, bounded) and the reward-failure watch.
 """
@@ -15,8 +15,8 @@ from grpo_dist.batch import zero_spread
 from grpo_dist.config import Config
 from grpo_dist.data import PromptStream
 from grpo_dist.reward.failures import FailureWatch
-from grpo_dist.rollout.pipeline import RolloutPipeline, Scored
-from grpo_dist.rollout.stream import StreamPipeline
+from grpo_dist.orchestrator.pipeline import RolloutPipeline, Scored
+from grpo_dist.orchestrator.stream import StreamPipeline
 from grpo_dist.types import RewardResult
 
 
@@ -97,8 +97,3 @@ class RolloutManager:
     def on_version(self, version: int) -> None:
         """The loads of ``version`` were just sent to every engine."""
         self.pipeline.on_version(version)
-
-    @property
-    def idle(self) -> bool:
-        """Nothing queued ahead."""
-        return not self.pipeline.queue
