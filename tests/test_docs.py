@@ -58,3 +58,25 @@ def test_strict_build_fails_on_a_broken_link(tmp_path, link):
     assert bad.returncode != 0
     out = bad.stdout + bad.stderr
     assert "WARNING" in out and "no-such-" in out and "Aborted with 1 warnings in strict mode" in out, out[-2000:]
+
+
+def test_readme_links_reach_a_page_and_its_heading():
+    """The README is not part of the site (mkdocs checks only docs/), so its links are checked here:
+    each relative link names a file that exists, and its #anchor a heading of that page."""
+    import re
+
+    from markdown.extensions.toc import slugify
+
+    readme = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", readme)
+    assert len(links) > 20
+    for link in links:
+        if link.startswith(("http://", "https://")):
+            continue
+        path, _, anchor = link.partition("#")
+        target = ROOT / path if path else ROOT / "README.md"
+        assert target.is_file(), link
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", target.read_text(), flags=re.M)
+            slugs = {slugify(h.replace("`", ""), "-") for h in headings}
+            assert anchor in slugs, (link, sorted(slugs))
