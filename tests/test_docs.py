@@ -80,3 +80,12 @@ def test_readme_links_reach_a_page_and_its_heading():
             headings = re.findall(r"^#+ (.+)$", target.read_text(), flags=re.M)
             slugs = {slugify(h.replace("`", ""), "-") for h in headings}
             assert anchor in slugs, (link, sorted(slugs))
+
+
+def test_prose_placeholders_stay_text_and_code_is_untouched():
+    spec = importlib.util.spec_from_file_location("placeholders", ROOT / "docs" / "hooks" / "placeholders.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    md = "| hf:<name> for a hub dataset | `hf:<name>` |\n```\nls <dir>\n```\ndefault <output_dir>/checkpoints\n"
+    assert mod.escape_placeholders(md) == ("| hf:&lt;name&gt; for a hub dataset | `hf:<name>` |\n```\nls <dir>\n```\n"
+                                          "default &lt;output_dir&gt;/checkpoints\n")
