@@ -2,7 +2,10 @@
 
 The page is made from the config models themselves (``grpo_dist.config.Config`` and its
 sections: each field's type, default, constraints and ``description=``), so the reference cannot
-drift from the code and is never committed. ``python docs/hooks/config_ref.py`` prints the page.
+drift from the code and is never committed. Defaults and descriptions come from
+``grpo_dist.config.describe.field_docs`` where it exists (what ``--help-config`` prints), else from
+the fields directly; types, bounds and nested entries from the fields.
+``python docs/hooks/config_ref.py`` prints the page.
 """
 
 from __future__ import annotations
@@ -34,6 +37,17 @@ def _import_config():
 
     from grpo_dist.config import Config
     return Config, BaseModel
+
+
+def _field_docs() -> dict:
+    """``section.key`` -> the default (YAML) and description that ``grpo-dist train --help-config``
+    prints, from ``grpo_dist.config.describe.field_docs`` (one source for the console and this
+    page); empty where that function is absent, and the walk below reads the fields itself."""
+    try:
+        from grpo_dist.config.describe import field_docs
+    except ImportError:
+        return {}
+    return {d.path: d for d in field_docs()}
 
 
 def _type(t) -> str:
@@ -108,7 +122,7 @@ def _nested_models(t, base_model) -> list:
     return [m for a in typing.get_args(t) for m in _nested_models(a, base_model)]
 
 
-def _table(prefix: str, model, base_model, out: list[str]) -> list[tuple[str, type]]:
+def _table(prefix: str, model, base_model, out: list[str], docs: dict) -> list[tuple[str, type]]:
     """One row per field of ``model``; returns the nested models to describe after it."""
     out += ["| key | type | default | description |", "|---|---|---|---|"]
     nested = []
@@ -117,8 +131,10 @@ def _table(prefix: str, model, base_model, out: list[str]) -> list[tuple[str, ty
         limits = _constraints(field)
         if limits:
             kind += f", {limits}"
-        out.append(f"| `{prefix}{name}` | {_cell(kind)} | {_cell(_default(field, base_model), code=True)} | "
-                   f"{_cell(field.description or '')} |")
+        doc = docs.get(f"{prefix}{name}")
+        default = f"`{doc.default}`" if doc is not None else _default(field, base_model)
+        description = doc.description if doc is not None else field.description or ""
+        out.append(f"| `{prefix}{name}` | {_cell(kind)} | {_cell(default, code=True)} | {_cell(description)} |")
         for sub in _nested_models(field.annotation, base_model):
             is_list = typing.get_origin(field.annotation) is list
             nested.append((f"{prefix}{name}" + ("[]" if is_list else ""), sub))
@@ -128,6 +144,7 @@ def _table(prefix: str, model, base_model, out: list[str]) -> list[tuple[str, ty
 def render() -> str:
     """The reference page as markdown: the top-level keys, then one section per config section."""
     config, base_model = _import_config()
+    docs = _field_docs()
     out = [INTRO]
     sections, top = [], []
     for name, field in config.model_fields.items():
@@ -137,11 +154,8 @@ def render() -> str:
         else:
             top.append(name)
     out += ["## Top level", ""]
-    out += ["| key | type | default | description |", "|---|---|---|---|"]
-    for name in top:
-        field = config.model_fields[name]
-        out.append(f"| `{name}` | {_cell(_type(field.annotation))} | {_cell(_default(field, base_model), code=True)} | "
-                   f"{_cell(field.description or '')} |")
+    top_level = type("TopLevel", (), {"model_fields": {name: config.model_fields[name] for name in top}})
+    _table("", top_level, base_model, out, docs)
     out.append("")
     out.append("Sections: " + ", ".join(f"[`{name}`](#{name})" for name, _, _ in sections) + ".")
     out.append("")
@@ -150,13 +164,13 @@ def render() -> str:
         doc = (field.description or typing.cast(str, model.__doc__) or "").strip()
         if doc:
             out += [" ".join(doc.split()), ""]
-        nested = _table(f"{name}.", model, base_model, out)
+        nested = _table(f"{name}.", model, base_model, out, docs)
         out.append("")
         while nested:
             path, sub = nested.pop(0)
             out += [f"### {path}", "", f"Each `{path}` entry:" if path.endswith("[]") else f"The keys under `{path}`:", ""]
             prefix = f"{path}." if not path.endswith("[]") else ""
-            nested += _table(prefix, sub, base_model, out)
+            nested += _table(prefix, sub, base_model, out, {})
             out.append("")
     return "\n".join(out)
 
