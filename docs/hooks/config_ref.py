@@ -109,10 +109,9 @@ def _default(field, base_model) -> str:
     return f"`{text.removesuffix('...').strip()}`"
 
 
-def _cell(text: str, code: bool = False) -> str:
-    """One table cell: one line, pipes escaped; in prose, ``<name>`` kept as text, not read as HTML."""
-    text = " ".join(text.split()).replace("|", "\\|")
-    return text if code else text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+def _cell(text: str) -> str:
+    """One table cell: one line, pipes escaped (a prose ``<name>`` is kept as text by placeholders.py)."""
+    return " ".join(text.split()).replace("|", "\\|")
 
 
 def _nested_models(t, base_model) -> list:
@@ -134,7 +133,7 @@ def _table(prefix: str, model, base_model, out: list[str], docs: dict) -> list[t
         doc = docs.get(f"{prefix}{name}")
         default = f"`{doc.default}`" if doc is not None else _default(field, base_model)
         description = doc.description if doc is not None else field.description or ""
-        out.append(f"| `{prefix}{name}` | {_cell(kind)} | {_cell(default, code=True)} | {_cell(description)} |")
+        out.append(f"| `{prefix}{name}` | {_cell(kind)} | {_cell(default)} | {_cell(description)} |")
         for sub in _nested_models(field.annotation, base_model):
             is_list = typing.get_origin(field.annotation) is list
             nested.append((f"{prefix}{name}" + ("[]" if is_list else ""), sub))
