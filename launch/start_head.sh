@@ -6,7 +6,7 @@
 #   submission and every dashboard request needs the cluster's token. The token is read from
 #   $RAY_AUTH_TOKEN_PATH (default ~/.ray/auth_token, Ray's own default) or created there
 #   (256 random bits, file mode 600). It is never printed.
-# * Where it listens (README "Security: running a cluster" lists every port and its flag):
+# * Where it listens (docs/security.md lists every port and its flag):
 #   - by default (no address, or 127.0.0.1): every port on 127.0.0.1, a one-machine cluster.
 #     Ray replaces 127.0.0.1 by the host's network address, and then listens on all interfaces,
 #     unless RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: this script sets it for this case.
@@ -73,7 +73,7 @@ if [ "$node_ip" != "127.0.0.1" ]; then
   echo "note: with a node address other than 127.0.0.1, Ray listens on all interfaces for the GCS (port $port)," \
        "the raylet, the dashboard agent's gRPC and metrics ports, the dashboard's and the autoscaler's metrics ports" \
        "(DASHBOARD_METRIC_PORT, default 44227; AUTOSCALER_METRIC_PORT, 44217); the token guards the RPC ports; let a firewall admit" \
-       "only the cluster's private network (README: Security: running a cluster)" >&2
+       "only the cluster's private network (docs/security.md)" >&2
 fi
 if [ "$dash_host" != "127.0.0.1" ] && [ "$dash_host" != "localhost" ]; then
   echo "warning: the dashboard listens on $dash_host; it still needs the token, but prefer 127.0.0.1 + an SSH tunnel" >&2

@@ -4,7 +4,7 @@
 # The cluster token: RAY_AUTH_TOKEN, or the file RAY_AUTH_TOKEN_PATH (default ~/.ray/auth_token,
 # a private copy of the head's). This node registers with --node-ip-address (or RAY_NODE_IP): use
 # its address on the cluster's private network. Like the head's, its raylet and agents listen on
-# all interfaces (README: Security: running a cluster). Every process it starts is recorded in a
+# all interfaces (docs/security.md). Every process it starts is recorded in a
 # pid file ($GRPO_DIST_PID_DIR, default ~/.ray/grpo_dist, worker-HEAD-PORT.json):
 # launch/stop_cluster.sh stops those and nothing else.
 set -euo pipefail

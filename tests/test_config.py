@@ -172,7 +172,7 @@ def test_a_verl_yaml_section_is_named_by_its_dotted_key(tmp_path):
                             "completions per prompt)")
 
 
-def test_every_trl_and_verl_name_maps_to_a_real_key_and_the_readme_shows_the_table():
+def test_every_trl_and_verl_name_maps_to_a_real_key_and_the_docs_show_the_table():
     from grpo_dist.config.aliases import ALIASES, markdown_table
     from grpo_dist.config.load import config_keys
 
@@ -182,6 +182,6 @@ def test_every_trl_and_verl_name_maps_to_a_real_key_and_the_readme_shows_the_tab
     for name in ("num_generations", "max_completion_length", "epsilon", "epsilon_high", "loss_type", "reward_weights",
                  "beta", "actor_rollout_ref.rollout.n", "actor_rollout_ref.actor.clip_ratio_high"):
         assert name in ALIASES, name
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Coming from TRL or verl"):]
+    page = (ROOT / "docs" / "coming-from-trl-verl.md").read_text()
+    section = page[page.index("## The option table"):]
     assert markdown_table() in section

@@ -84,7 +84,7 @@ def test_eval_of_an_adapter_of_another_base_exits_2_with_one_line(case, adapters
     expected = pattern.format(a=re.escape(str(a)), d=re.escape(str(a.parent)), m=re.escape(str(tiny_model_dir)))
     assert re.fullmatch("config error: " + expected, lines[0]), lines[0]
     assert "engines ready" not in r.stdout and "starting" not in r.stdout  # no engine started
-    print(f"\nbad input | eval --adapter: {name} | {lines[0]} | {seconds:.1f} s")  # the README's table (pytest -s)
+    print(f"\nbad input | eval --adapter: {name} | {lines[0]} | {seconds:.1f} s")  # docs/errors.md's table (pytest -s)
 
 
 def test_an_adapter_of_this_base_passes_and_fan_in_fan_out_is_read(adapters, tiny_model_dir):

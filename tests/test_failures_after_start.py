@@ -3,7 +3,7 @@
 Each case runs ``python -m grpo_dist.cli train`` in a subprocess on the demo's base model with
 tiny settings (transformers rollouts, one engine, 2 prompts x 4 completions a step) and checks
 the exit code and the line; the exit code, the wall time and the line are printed (``pytest -s``)
-for the README's "Failures after start" table.
+for the "Failures after start" table of docs/errors.md.
 """
 
 from __future__ import annotations

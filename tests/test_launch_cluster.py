@@ -1,10 +1,10 @@
-"""launch/start_head.sh, start_worker.sh and stop_cluster.sh run as the README says, in a user's
+"""launch/start_head.sh, start_worker.sh and stop_cluster.sh run as docs/security.md says, in a user's
 environment: where every process of the node listens, and a stop that takes exactly those processes.
 
 Ray swaps a node address of 127.0.0.1 for the host's network address (and then listens on all
 interfaces) unless RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 is set: the head script sets it for the
 default, loopback head. A head on another address (here 127.0.0.2, a private address that stays on
-this machine) listens on it, and on all interfaces for the ports the README lists.
+this machine) listens on it, and on all interfaces for the ports docs/security.md lists.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def test_default_head_listens_on_loopback_only_and_stops_exactly_its_processes(t
         p = head.ports
         for name in ("gcs", "dashboard", "client", "node_manager", "object_manager", "agent_http", "agent_grpc",
                      "runtime_env", "metrics", "autoscaler_metrics",
-                     "dashboard_metrics"):  # each port the README lists, as chosen by its flag
+                     "dashboard_metrics"):  # each port docs/security.md lists, as chosen by its flag
             assert p[name] in by_port, (name, listening)
         assert any(p["workers"] <= port <= p["workers"] + 20 for port in by_port), listening  # the actor's worker
         assert {host for host, _, _ in listening} <= LOOPBACK, listening  # not the host's address, not *
@@ -97,7 +97,7 @@ def test_private_address_head_and_worker_listen_as_documented_and_stop_one_by_on
                        p["autoscaler_metrics"], p["dashboard_metrics"]}
         for host, port, name in head.listening():
             if host in ANY:
-                assert port in wildcard_ok, (host, port, name)  # the README's list, nothing else
+                assert port in wildcard_ok, (host, port, name)  # docs/security.md's list, nothing else
             else:
                 assert host in {"127.0.0.2", "::ffff:127.0.0.2"} | LOOPBACK, (host, port, name)
         assert ("127.0.0.1", p["dashboard"]) in {(h, pt) for h, pt, _ in head.listening()}

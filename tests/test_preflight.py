@@ -1,11 +1,11 @@
 """Bad inputs fail before any actor starts: exit code 2, one line on stderr, in seconds.
 
 The target (within 20 s on this machine) is met as measured and printed here (`pytest -s`, the
-README's bad-input table); the assertion only guards against a hang (LIMIT_S), because wall
+bad-input table in docs/errors.md); the assertion only guards against a hang (LIMIT_S), because wall
 times on a shared 2-core machine vary several-fold with load.
 
 Each case runs the real CLI (`python -m grpo_dist.cli train`) as a subprocess on the demo config
-with one bad input; the table in the README ("Bad inputs") lists the same cases. The in-process
+with one bad input; the table in docs/errors.md ("Bad inputs fail in seconds") lists the same cases. The in-process
 tests below cover what pre-flight does to good-but-imperfect data (dropping overlong prompts).
 """
 
@@ -186,7 +186,7 @@ def test_bad_input_exits_2_with_one_line_fast(case, bad, tiny_model_dir):
     assert re.fullmatch(r"config error: " + pattern + r".*", lines[0]), lines[0]
     assert seconds < LIMIT_S, f"{seconds:.1f} s"
     assert not (bad["dir"] / "run").exists(), "nothing may start before the checks pass"
-    print(f"\nbad input | {case[0]} | {lines[0]} | {seconds:.1f} s")  # the README's table (pytest -s)
+    print(f"\nbad input | {case[0]} | {lines[0]} | {seconds:.1f} s")  # docs/errors.md's table (pytest -s)
 
 
 def test_eval_cli_runs_the_same_checks(bad, tiny_model_dir):

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def ray_head(tmp_path_factory):
-    """A head started by launch/start_head.sh as the README says (token authentication on, on
+    """A head started by launch/start_head.sh as docs/security.md says (token authentication on, on
     127.0.0.1, in a user's environment: tests/cluster_scripts.py), with a token file of its own
     (never ~/.ray/auth_token: other Ray users of this machine); stopped by launch/stop_cluster.sh."""
     tmp_path = tmp_path_factory.mktemp("head")
@@ -137,7 +137,7 @@ def test_train_as_ray_job(ray_head, pretrained_model_dir, tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 2 and (Path(summary["adapter_dir"]) / "adapter_config.json").is_file()
     assert "reward/length_bonus" in summary["final_metrics"]
-    # following the job as the README says: the token and RAY_AUTH_MODE=token (without it Ray's CLI fails)
+    # following the job as docs/security.md says: the token and RAY_AUTH_MODE=token (without it Ray's CLI fails)
     job_id = re.search(r"Job '([^']+)' submitted successfully", out).group(1)
     follow = dict(env, RAY_ADDRESS=url)
     for cmd in (["status", job_id], ["logs", job_id]):
