@@ -30,7 +30,8 @@ DELTAS: dict[str, dict[str, Any]] = {
     "gspo": dict(clip_low=3e-4, clip_high=4e-4, beta=0.0, ratio_level="sequence"),
     # RLOO (arXiv 2402.14740): leave-one-out mean baseline, no std scaling.
     "rloo": dict(adv_estimator="rloo", adv_scale="none"),
-    # The group-wise softmax-weighted variant: in-group softmax weights, loss = -sum_i w_i log pi(y_i|x); optional clip and KL.
+    # The group-wise softmax-weighted variant: in-group softmax weights, loss = -sum_i w_i log pi(y_i|x);
+    # optional clip and KL.
     "softmax_weighted": dict(loss="weighted_nll", adv_estimator="softmax", adv_scale="none", beta=0.0,
                              agg="seq-mean-token-sum", softmax_temperature=1.0),
     # The GRPO notebook the project started from: biased std + 1e-8, naive KL = mean(log_new - log_old), beta 0.04.

@@ -14,8 +14,8 @@ other vLLM runs on the machine are left alone):
   spare host core; on a CPU node it is one of the cores the learner needs next: after every
   generation call each engine's worker burns a full core for that second while the learner's
   reference pass and update run (benchmarks/NOTES.md has the measurement). A short window still
-  covers the gaps between decode steps of one call; after it the worker sleeps on the queue's notify socket, which the writer
-  signals on every message, so a new request wakes it at once.
+  covers the gaps between decode steps of one call; after it the worker sleeps on the queue's
+  notify socket, which the writer signals on every message, so a new request wakes it at once.
 """
 
 from __future__ import annotations
