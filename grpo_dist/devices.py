@@ -55,9 +55,9 @@ def adapter_mode(cfg: Config) -> tuple[str, str]:
     if cfg.cluster.rollout_gpus > 0:
         return "lora", ("auto: engines on GPUs serve the adapter with vLLM's batched LoRA kernels (no weight "
                         "reload); set rollout.adapter_mode: merged to reload merged weights instead")
-    return "merged", ("auto: CPU engines generate ~3x faster from merged weights than through vLLM's CPU LoRA "
-                      "kernels; each version is merged into the base and reloaded in place (~0.1 s per 25M "
-                      "parameters); set rollout.adapter_mode: lora to serve adapters")
+    return "merged", ("auto: CPU engines generate faster from merged weights than through vLLM's CPU LoRA "
+                      "kernels; each version is merged into the base and reloaded in place; "
+                      "set rollout.adapter_mode: lora to serve adapters")
 
 
 def torch_threads(cfg: Config, role: str, peers_on_node: int = 1, node_cpus: Optional[int] = None) -> tuple[int, str]:

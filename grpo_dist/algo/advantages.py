@@ -67,14 +67,14 @@ def group_advantages(
             ``"batch"``: divide by the std of all ``N`` raw rewards;
             ``"none"``: mean-centre only (Dr. GRPO).
         std_unbiased: Bessel-corrected std (``torch.std`` default, TRL) when True; population
-            std when False (seed 003's ``compute_advantages``: ``unbiased=False`` with eps 1e-8).
+            std when False (the ``seed_notebook`` preset: ``unbiased=False`` with eps 1e-8).
         eps: added to the std before dividing (TRL 1e-4, verl 1e-6).
 
     Returns:
         ``[N]`` advantages, same floating dtype as ``rewards`` (float32 for integer rewards).
         Groups with equal rewards get exactly 0.
 
-    Example (seed 003): rewards ``[1,1,1,1,0,0,0,0]``, G=8 -> +-0.935 (unbiased std 0.5345),
+    Example: rewards ``[1,1,1,1,0,0,0,0]``, G=8 -> +-0.935 (unbiased std 0.5345),
     or +-1.0 with ``std_unbiased=False, eps=1e-8``.
     """
     if scale not in _SCALES:
@@ -118,7 +118,7 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 def softmax_weights(rewards: torch.Tensor, group_size: int, temperature: float = 1.0) -> torch.Tensor:
-    """Seed 002's weights: ``softmax(r / temperature)`` within each contiguous group.
+    """The group-wise softmax-weighted variant's weights: ``softmax(r / temperature)`` within each contiguous group.
 
     Args:
         rewards: ``[N]``, groups contiguous. group_size: ``G >= 2``.

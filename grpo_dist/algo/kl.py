@@ -4,15 +4,15 @@ With ``delta = logp - ref_logp`` (log pi_theta - log pi_ref at the sampled token
 
 * ``k1``  = ``delta``                            unbiased for KL(pi||ref), can be negative
 * ``k2``  = ``0.5 * delta**2``                   >= 0, low variance, biased
-* ``k3``  = ``exp(-delta) + delta - 1``          >= 0, unbiased; seeds 000/001, TRL, DeepSeekMath.
-  Unclamped, as in the seeds.
+* ``k3``  = ``exp(-delta) + delta - 1``          >= 0, unbiased; TRL, DeepSeekMath.
+  Unclamped, as DeepSeekMath and TRL write it.
 * ``low_var_kl`` = verl's clamped k3: ``kl = clamp(ref - logp, -20, 20)``,
   ``clamp(exp(kl) - kl - 1, -10, 10)``.
 
 Shape of ``k3``: it is *not* symmetric in ``delta``. For ``delta < 0`` (policy less likely
 than the reference) it grows like ``exp(|delta|)``; for ``delta > 0`` it grows only linearly
-(``~ delta - 1``). So for every ``d > 0``: ``k3(-d) > k3(+d)``. (Seed 000's prose says the
-``delta > 0`` side grows exponentially; its own formula ``exp(-delta) + delta - 1`` says the
+(``~ delta - 1``). So for every ``d > 0``: ``k3(-d) > k3(+d)``. (Some GRPO write-ups say the
+``delta > 0`` side grows exponentially; the formula ``exp(-delta) + delta - 1`` says the
 opposite, and the formula is what is implemented and tested.)
 """
 
@@ -53,7 +53,7 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> 
 
 
 def naive_kl(logp: torch.Tensor, old_logp: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Seed 003's "naive KL": masked mean of ``logp - old_logp`` (a k1 estimate), 0-d tensor.
+    """The "naive KL" of the ``seed_notebook`` preset: masked mean of ``logp - old_logp`` (a k1 estimate), 0-d tensor.
 
     Args:
         logp, old_logp: ``[B, T]`` (or ``[N]``) log-probs. mask: same shape, float/bool/int;

@@ -1,4 +1,4 @@
-"""GRPO losses: clipped policy surrogate, weighted NLL (seed 002), aggregation, full GRPO loss.
+"""GRPO losses: clipped policy surrogate, weighted NLL (softmax-weighted variant), aggregation, full GRPO loss.
 
 All per-token outputs are ``[B, T]`` with masked positions exactly 0 (``torch.where``, so a
 ``-inf`` log-prob in padding never turns into NaN). Masks may be float, bool or int; advantages
@@ -72,13 +72,13 @@ def policy_loss(
     """PPO/GRPO clipped surrogate, per token.
 
     ``loss = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)``, i.e. the pessimistic
-    side of the clipped objective (seed 003: A>0, ratio 1.8 -> 1.2A; A<0, ratio 1.8 -> 1.8A;
+    side of the clipped objective (A>0, ratio 1.8 -> 1.2A; A<0, ratio 1.8 -> 1.8A;
     A>0, ratio 0.4 -> 0.4A; A<0, ratio 0.4 -> 0.8A).
 
     Args:
         logp: ``[B, T]`` current policy log-probs (with grad).
         old_logp: ``[B, T]`` behaviour / old policy log-probs (no grad expected). With a single
-            update per batch pass ``logp.detach()`` (seed 001's "no grad" copy): ratio == 1.
+            update per batch pass ``logp.detach()`` (DeepSeekMath's "no grad" copy): ratio == 1.
         advantages: ``[B]``, ``[B, 1]`` or ``[B, T]``.
         mask: ``[B, T]`` completion mask (float/bool/int).
         clip_low / clip_high: ratio clipped to ``[1 - clip_low, 1 + clip_high]`` (DAPO's
@@ -152,7 +152,7 @@ def policy_loss(
 def weighted_nll_loss(
     logp: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor
 ) -> Tuple[torch.Tensor, Metrics]:
-    """Seed 002's weighted negative log-likelihood, per token: ``-w_i * logp[i, t]``.
+    """The group-wise softmax-weighted variant's weighted negative log-likelihood, per token: ``-w_i * logp[i, t]``.
 
     Args:
         logp: ``[B, T]`` policy log-probs of the completions. weights: ``[B]`` / ``[B, 1]``
@@ -162,12 +162,12 @@ def weighted_nll_loss(
         ``(per_token_loss [B, T], metrics)``; metrics: ``nll_token_mean`` (masked mean of -logp),
         ``seq_logp_mean`` (mean over rows of sum_t logp), ``weight_min``, ``weight_max``.
 
-    Mapping to seed 002 (weights sum to 1 within each group; rows = completions):
+    Mapping to that variant (weights sum to 1 within each group; rows = completions):
 
-    * The seed's formula ``L = -sum_i w_i log pi(y_i|x)`` with ``log pi(y|x) = sum_t logp_t`` is
+    * Its formula ``L = -sum_i w_i log pi(y_i|x)`` with ``log pi(y|x) = sum_t logp_t`` is
       ``aggregate(per_token, mask, "seq-mean-token-sum", global_seqs=1)`` (= B times the default
       ``/B`` normalisation; summed over all groups in the batch).
-    * The seed's code computes ``log pi`` as ``-F.cross_entropy(...)``, a *token mean*; that
+    * Its reference code computes ``log pi`` as ``-F.cross_entropy(...)``, a *token mean*; that
       variant is ``aggregate(per_token, mask, "seq-mean-token-mean", global_seqs=1)``.
     """
     m = _bool_mask(mask, logp)
@@ -274,8 +274,8 @@ def grpo_loss(
         loss_policy + loss_kl``) and, whenever ``ref_logp`` is given (even with ``beta == 0``),
         ``kl_mean`` = masked token mean of the unscaled KL estimator.
 
-    Seed mappings: seed 000 (ratio vs reference, token mean) = ``old_logp=ref_logp,
-    kl_kind="k3", agg="token-mean"``; seed 003's ``compute_grpo_loss`` (ratio vs old, naive KL
+    Mappings: a ratio against the reference with a token mean ("GRPO 101") = ``old_logp=ref_logp,
+    kl_kind="k3", agg="token-mean"``; the ``seed_notebook`` preset's ``compute_grpo_loss`` (ratio vs old, naive KL
     ``mean(log_new - log_old)``) = ``ref_logp=old_logp, kl_kind="k1", agg="token-mean"`` with T=1.
     """
     if kl_kind not in KL_KINDS:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# DeepSeekMath (arXiv 2402.03300), seeds 000/001: group z-score, clipped ratio, k3 KL vs the
+# DeepSeekMath (arXiv 2402.03300): group z-score, clipped ratio, k3 KL vs the
 # frozen reference, 1/|o_i| token mean per sequence then 1/G mean. Every other preset is a delta on it.
 GRPO: dict[str, Any] = dict(
     loss="clip", adv_estimator="group", adv_scale="group", std_unbiased=True,
@@ -30,10 +30,11 @@ DELTAS: dict[str, dict[str, Any]] = {
     "gspo": dict(clip_low=3e-4, clip_high=4e-4, beta=0.0, ratio_level="sequence"),
     # RLOO (arXiv 2402.14740): leave-one-out mean baseline, no std scaling.
     "rloo": dict(adv_estimator="rloo", adv_scale="none"),
-    # Seed 002: in-group softmax weights, loss = -sum_i w_i log pi(y_i|x); optional clip and KL.
+    # The group-wise softmax-weighted variant: in-group softmax weights, loss = -sum_i w_i log pi(y_i|x);
+    # optional clip and KL.
     "softmax_weighted": dict(loss="weighted_nll", adv_estimator="softmax", adv_scale="none", beta=0.0,
                              agg="seq-mean-token-sum", softmax_temperature=1.0),
-    # Seed 003 notebook: biased std + 1e-8, naive KL = mean(log_new - log_old), beta 0.04.
+    # The GRPO notebook the project started from: biased std + 1e-8, naive KL = mean(log_new - log_old), beta 0.04.
     "seed_notebook": dict(std_unbiased=False, adv_eps=1e-8, kl_kind="k1", kl_reference="old", agg="token-mean"),
 }
 

@@ -25,7 +25,7 @@ class RolloutConfig(Section):
     max_tokens: int = Field(8, gt=0, description="Max completion tokens.")
     dtype: Optional[Literal["float32", "bfloat16", "float16"]] = Field(
         None, description="Engine weights dtype (null = model.dtype). bfloat16 on a CPU with AVX512-BF16 generates "
-        "~1.6x faster than float32 (issue 11); the learner keeps model.dtype, so the samples come from a rounded "
+        "faster than float32 (benchmarks/NOTES.md); the learner keeps model.dtype, so the samples come from a rounded "
         "copy of the policy: watch train/logprob_diff_behaviour_mean and set algo.rollout_is: truncate to correct it.")
     stop: list[str] = Field(default_factory=list, description="Stop strings.")
     seed: Optional[int] = Field(None, description="Engine seed (None = derived from trainer.seed and worker rank).")
@@ -39,15 +39,15 @@ class RolloutConfig(Section):
     enforce_eager: Optional[bool] = Field(None, description="Disable CUDA graphs / compilation in vLLM (null = "
                                           "false when cluster.rollout_gpus > 0, i.e. CUDA graphs on; true on CPU). "
                                           "false on CPU: vLLM compiles the model (inductor's C++ backend): engines start "
-                                          "~40 s later, then generate in 0.85-0.92x the eager time (small "
-                                          "benchmark model); for long runs.")
+                                          "later, then generate faster than eager (benchmarks/NOTES.md); "
+                                          "for long runs.")
     max_loras: int = Field(1, gt=0, description="Adapters vLLM keeps resident (old versions are evicted).")
     hf_max_batch_size: int = Field(128, gt=0, description="rollout.backend hf: rows (prompts x samples) decoded "
                                    "together; a call is cut into chunks of at most this many (lower it if the "
                                    "KV cache does not fit). Seeded samples do not depend on it.")
     adapter_mode: Literal["auto", "lora", "merged"] = Field(
         "auto", description="How engines serve a LoRA version: lora = as an adapter (vLLM LoRA kernels); merged = "
-        "the worker merges it into the base weights and reloads them in place (CPU: ~3x faster generation); auto = "
+        "the worker merges it into the base weights and reloads them in place (on CPU faster than vLLM's CPU LoRA kernels); auto = "
         "merged on CPU engines (cluster.rollout_gpus 0), lora on GPUs. The choice is logged at start.")
     streaming: bool = Field(False, description="Streaming pipeline (vLLM only): each rollout actor runs vLLM's async "
                             "engine and takes one request per group continuously, groups go to the engine with the fewest "

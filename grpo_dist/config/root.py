@@ -170,6 +170,6 @@ def auto_staleness(cfg: "Config") -> tuple[int, str]:
                                          "while the learner trains (set trainer.max_staleness: 0 for on-policy)")
     if c.rollout_gpus > 0 and c.layout == "colocated":
         return 0, "colocated on GPU: the engines sleep while the learner trains"
-    return 0, ("the engines and the learner share CPU cores: generating during the update slows both (issue 11: "
-               "1.21-1.30x the sync step on the small model); set trainer.max_staleness: 1 to overlap them anyway "
+    return 0, ("the engines and the learner share CPU cores: generating during the update slows both; "
+               "set trainer.max_staleness: 1 to overlap them anyway "
                "(latency-bound tiny models gain)")

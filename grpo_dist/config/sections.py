@@ -98,15 +98,15 @@ AGG_MODES = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum", "
 
 class AlgoConfig(Section):
     preset: str = Field("grpo", description=f"One of {sorted(PRESETS)}; fills the fields below you leave unset.")
-    loss: Literal["clip", "weighted_nll"] = Field("clip", description="Clipped surrogate (PPO/GRPO) or seed 002's weighted NLL.")
+    loss: Literal["clip", "weighted_nll"] = Field("clip", description="Clipped surrogate (PPO/GRPO) or the softmax-weighted variant's weighted NLL.")
     adv_estimator: Literal["group", "rloo", "softmax"] = Field("group", description="Group z-score, leave-one-out, or in-group softmax weights.")
     adv_scale: Literal["group", "batch", "none"] = Field("group", description="Divide advantages by the group std, batch std, or nothing.")
     std_unbiased: bool = Field(True, description="Unbiased (n-1) std for advantage scaling.")
     adv_eps: float = Field(1e-4, ge=0, description="Added to the std before dividing.")
-    softmax_temperature: float = Field(1.0, gt=0, description="Temperature of seed 002's in-group softmax.")
+    softmax_temperature: float = Field(1.0, gt=0, description="Temperature of the in-group softmax (adv_estimator softmax).")
     beta: float = Field(0.04, ge=0, description="KL coefficient (0 = no KL, no reference pass).")
     kl_kind: KL_KINDS = Field("k3", description="KL estimator.")
-    kl_reference: Literal["ref", "old"] = Field("ref", description="KL against the frozen reference or the old policy (seed 003).")
+    kl_reference: Literal["ref", "old"] = Field("ref", description="KL against the frozen reference or the old policy (the seed_notebook preset's naive KL).")
     clip_low: float = Field(0.2, gt=0, lt=1, description="Lower clip: ratio >= 1 - clip_low.")
     clip_high: float = Field(0.2, gt=0, description="Upper clip: ratio <= 1 + clip_high.")
     dual_clip: Optional[float] = Field(None, gt=1, description="Dual-clip constant c > 1 for negative advantages.")
@@ -247,9 +247,9 @@ class ClusterConfig(Section):
     torch_threads: Union[int, Literal["auto"]] = Field(
         "auto", description="torch threads inside each learner rank and hf-backend engine. auto: with "
         "trainer.max_staleness 0 the roles take turns, so a CPU learner rank gets the CPUs of its node divided by "
-        "the learner ranks there (measured 1.8x faster updates with 2 threads on 2 cores); with generation "
+        "the learner ranks there; with generation "
         "overlapping the update, or on GPU, int(cluster.<role>_cpus) (at least 1): OpenMP threads competing "
-        "for cores with an engine run several times slower. The choice is printed at start.")
+        "with an engine for cores run much slower. The choice is printed at start.")
     actor_start_timeout_s: float = Field(600.0, gt=0, description="Fail if actors are not up by then (unsatisfiable resources).")
     max_restarts: int = Field(3, ge=0, description="Dead rollout/reward actors replaced per run (work re-issued, "
                               "weights restored) before the run stops; a dead learner always stops it.")

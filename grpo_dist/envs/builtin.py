@@ -82,9 +82,9 @@ CODE_PROMPT = ("Solve the word problem. You can run Python code with the python 
                "know the result, reply with the final answer as a number.")
 
 
-# few_shot: a short statement of the call format and one worked conversation. Probe on SmolLM2-135M-Instruct
-# (T 0.7, 32 held-out problems x 4, first turn): the schema prompt gives 2% attempted calls and 0% well-formed;
-# this prompt with the question's " Use the calculator." 88% attempted, 81% well-formed (NOTES, session 12).
+# few_shot: a short statement of the call format and one worked conversation. SmolLM2-135M-Instruct makes
+# almost no well-formed calls under the schema prompt and most of its first turns call the tool under this one
+# with the question's " Use the calculator." (the probe's figures are in benchmarks/NOTES.md).
 _CALL = '<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{}"}}}}\n</tool_call>'
 FEW_SHOT_PROMPT = ("You can use a calculator. To use it, reply with only:\n" + _CALL.format("<expression>")
                    + "\nThe result comes back in the next message. Then give the final answer.")

@@ -2,9 +2,8 @@
 
 A packed micro-batch (``grpo_dist.learner.packing``) holds each prompt once with its G completions
 after it. With a 4-D mask every query scores every key of its row, although a completion token
-only attends to its prompt and the earlier tokens of its own completion: on issue 11's workload
-(8 prompts of ~13 tokens x 8 completions of ~26) about 10% of the scores computed are used, and
-attention was 24% of the learner's time in bfloat16. Here the attention is two dense batches:
+only attends to its prompt and the earlier tokens of its own completion, so most of the scores
+computed are thrown away (benchmarks/NOTES.md has the profile). Here the attention is two dense batches:
 
     prompts:      [prompts, heads, P, D]      over their own keys, causal
     completions:  [completions, heads, C, D]  over keys [its prompt (P) | its own tokens (C)],
@@ -115,7 +114,7 @@ def group_attention(module, query, key, value, layout: GroupLayout, dropout: flo
     scale = scaling if scaling is not None else D ** -0.5
 
     def block(qi, ki, mask, src):
-        # index_select, not t[:, idx]: its backward is an index_add, ~2x faster on CPU than index_put
+        # index_select, not t[:, idx]: its backward is an index_add, cheaper on CPU than index_put
         sel = [t.index_select(1, i.flatten()).view(t.shape[0], *i.shape, t.shape[-1]).transpose(0, 1)
                for t, i in ((q, qi), (k, ki), (v, ki))]  # [n, heads, len, D]
         out = _attend(*sel, mask, dropout, scale)
@@ -150,9 +149,8 @@ def _attend(q, k, v, mask, dropout: float, scale: float):
     """Softmax attention of short blocks: ``q [n, H, lq, D]``, ``k, v [n, Hkv, lk, D]``, ``mask
     [n, 1, lq, lk]`` -> ``[n, H, lq, D]``. On CPU, explicit matmuls with fp32 scores and softmax,
     the query heads of one key/value head stacked along the query axis (no copy of k and v per
-    query head): torch's CPU flash kernel took 4x the time forward + backward on blocks of 32
-    queries x 45 keys (bfloat16, 64 x 8 heads: 32 ms against 8 ms with bf16 scores, 15 ms with
-    fp32 ones)."""
+    query head): torch's CPU flash kernel is slower forward + backward on blocks this short
+    (benchmarks/NOTES.md)."""
     n, H, lq, D = q.shape
     Hkv, lk = k.shape[1], k.shape[2]
     if q.device.type != "cpu" or dropout > 0.0 or n * H * lq * lk > MATH_MAX_SCORES:

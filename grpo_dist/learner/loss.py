@@ -24,7 +24,7 @@ def compute_loss(algo, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: Opt
             importance weights (``grpo_dist.algo.rollout_is_weights``) on the per-token policy loss, not
             on the KL term; None = no weighting (``algo.rollout_is: none``, bit for bit today's loss).
 
-    ``loss == "clip"``: ``grpo_loss``. ``loss == "weighted_nll"``: seed 002's ``-w_i * logp`` per
+    ``loss == "clip"``: ``grpo_loss``. ``loss == "weighted_nll"``: the softmax-weighted variant's ``-w_i * logp`` per
     token, plus ``beta * kl_penalty`` when a KL target is given, aggregated with ``algo.agg``.
     """
     beta = algo.beta if ref_logp is not None else 0.0

@@ -20,9 +20,8 @@ Two layouts:
 The first token of a completion is predicted by the prompt's last position (shared by its
 group's completions); every later token by the position before it, as in a plain sequence.
 
-On the workload of issue 11 (8 prompts of 7 tokens x 8 completions of up to 32, hidden 512) the
-mask layout runs 2128 instead of 2496 tokens per forward (forward and backward ~0.8x the time),
-the group layout 1952 and a sixth of the mask layout's attention work (benchmarks/NOTES.md).
+The mask layout runs each prompt once instead of G times; the group layout also drops the row
+padding and most of the mask layout's attention work (benchmarks/NOTES.md has the figures).
 
 The learner checks the layouts once at set-up against the padded one on its own model (an
 attention implementation that ignores a 4-D mask, e.g. flash-attention, fails the check) and

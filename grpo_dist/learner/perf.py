@@ -1,7 +1,7 @@
 """The learner's achieved FLOP/s and model FLOPs utilisation (``perf/learner_tflops``, ``perf/mfu``).
 
-FLOPs of one ``train_step``, counted as the issue that asked for them says (the Kaplan convention,
-attention and the LM head left out):
+FLOPs of one ``train_step``, counted by the Kaplan convention (attention and the LM head left
+out):
 
 * an update pass (forward + backward) over ``T`` tokens: ``4 * N * T`` for LoRA (the forward, and
   a backward through the frozen base that needs only the input gradients), ``6 * N * T`` when

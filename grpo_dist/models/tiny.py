@@ -4,8 +4,8 @@ synthetic task with deliberately wrong labels (so that GRPO has something to fix
 ``make_tiny_model`` puts together the pieces: the architecture (``model.py``), the tokenizer
 (``tokenizer.py``), the pretraining recipe (``pretrain.py``) and the held-out check
 (``heldout.py``). After pretraining on ``add`` the model knows the format and the arithmetic but is
-biased: sampled held-out accuracy ~0.35-0.42 at temperature 1, and on-policy GRPO (LoRA, lr 1e-3)
-removes the bias within a few dozen steps.
+biased: its sampled held-out accuracy at temperature 1 is low, and on-policy GRPO (LoRA, lr 1e-3)
+removes the bias within a few dozen steps (README's demo gives the figures).
 
     info = make_tiny_model("models/tiny-add", size="tiny", pretrain_task="add")
 
@@ -45,7 +45,7 @@ def make_tiny_model(out_dir: str, size: str = "tiny", seed: int = 0, pretrain_ta
     ``steps``/``batch_size``/``lr`` default to ``PRETRAIN_DEFAULTS[size]``; ``task_kwargs`` (e.g.
     ``max_operand``) go to the task, for training and evaluation alike.
     ``threads`` sets ``torch.set_num_threads`` (1 by default: these matmuls are too small to gain
-    from more, and 2 threads on a busy 2-core machine ran ~15x slower; None leaves it alone).
+    from more, and threads competing for busy cores run far slower; None leaves it alone).
     """
     from transformers import GenerationConfig
 

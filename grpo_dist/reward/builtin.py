@@ -1,4 +1,4 @@
-"""The builtin reward families of seed 003: correctness, format, length, pattern, composite.
+"""The builtin reward families: correctness, format, length, pattern, composite.
 
 Each has TRL's signature ``fn(prompts, completions, **dataset_columns) -> list[float]``: options
 are keyword arguments (bound from the config's ``kwargs``), dataset columns arrive as lists (one

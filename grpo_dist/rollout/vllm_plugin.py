@@ -12,12 +12,10 @@ other vLLM runs on the machine are left alone):
   shared-memory request queue after the last request before it waits on a socket. vLLM (0.26 and
   0.32 alike) polls (``sched_yield`` in a loop) for 1 s after each read. On a GPU box that is a
   spare host core; on a CPU node it is one of the cores the learner needs next: after every
-  generation call each engine's worker burned a full core for 1 s while the learner's reference
-  pass and update ran (measured: 1.00 s of CPU in the 1.5 s after ``generate`` returned, per
-  engine; the learner phase of the small benchmark took 1.76 s in the pipeline against 1.3 s
-  alone). A short window still covers the gaps between decode steps of one call (about a
-  millisecond); after it the worker sleeps on the queue's notify socket, which the writer
-  signals on every message, so a new request wakes it at once.
+  generation call each engine's worker burns a full core for that second while the learner's
+  reference pass and update run (benchmarks/NOTES.md has the measurement). A short window still
+  covers the gaps between decode steps of one call; after it the worker sleeps on the queue's
+  notify socket, which the writer signals on every message, so a new request wakes it at once.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ device, loaders wrapped), ``model.load_weights(bucket)`` may then be called once
 whose weights span two buckets waits for the rest), and each layer complete is materialised,
 processed (repacked) and copied into the tensors the engine runs with;
 ``finalize_layerwise_reload`` puts back the layers nothing was sent for (the rotary cache).
-Measured on the tiny test model: the engine's log-probs equal the HF model's of the loaded
-weights to 5e-7, with the weights in 1 or 7 buckets.
+On the tiny test model the engine's log-probs match the HF model's of the loaded weights, with the
+weights in one bucket or several (benchmarks/NOTES.md).
 
 LoRA (``rollout.adapter_mode: merged``): the adapter's tensors travel; this worker merges them into
 its copy of the base (``LoraMerger``, read once from ``model_dir``) and loads the layers they touch.

@@ -4,7 +4,7 @@
   cpu            the CPU and its vector extensions (vLLM's CPU build needs AVX2 or AVX-512 on x86)
   gpus           the GPUs torch sees (none is fine: everything runs on CPU)
   deepspeed op   DeepSpeed's CPU communication op is compiled (in TORCH_EXTENSIONS_DIR) and loads;
-                 ``--warmup`` compiles it when missing (~45 s, once per user: the cache is
+                 ``--warmup`` compiles it when missing (slow, once per user: the cache is
                  user-level, the same from every directory)
   ray            a local Ray cluster starts and runs a task
   vllm           a vLLM engine builds on a generated tiny model and generates
@@ -119,7 +119,7 @@ def _child_deepspeed(warmup: bool) -> Result:
     before = op_library(ext)
     if before is None and not warmup:
         return Result("deepspeed op", False, f"not compiled in {ext}: `grpo-dist doctor --warmup` compiles it once "
-                                             f"(~45 s), else the first run does")
+                                             f"(slow), else the first run does")
     import deepspeed
     import torch.distributed as dist
 

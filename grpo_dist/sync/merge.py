@@ -1,10 +1,10 @@
 """Serving a LoRA version as merged weights (``rollout.adapter_mode: merged``).
 
-vLLM's CPU build runs LoRA layers through slow generic kernels: on the 25M "small" Llama, 64 x 32
-tokens took 4.1-4.5 s with an r=8 adapter on q,k,v,o and 1.3 s without (benchmarks/NOTES.md). So
+vLLM's CPU build runs LoRA layers through slow generic kernels: generation with an adapter takes
+several times as long as from merged weights (benchmarks/NOTES.md). So
 on CPU engines the rollout worker keeps receiving the small adapter (the transport is unchanged)
 and merges it itself, W' = W + scaling * B @ A, into a copy of the base weights, which the engine
-then reloads in place (``reload_weights``: ~0.1 s for 25M parameters).
+then reloads in place (``reload_weights``).
 
 Only the layers an adapter touches are reloaded, each one whole: vLLM stacks q, k and v (and
 gate, up) into one parameter, and its layerwise reload leaves the unloaded slices of a partly
@@ -65,8 +65,7 @@ def lora_factors(tensors: dict[str, torch.Tensor],
 def _merge_one(w: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scaling: float, fan_in_fan_out: bool,
                dtype: torch.dtype) -> torch.Tensor:
     """``W + scaling * B @ A`` in float32 (one fused addmm), then in ``dtype``. One output tensor
-    and one pass instead of a dense delta, a sum and casts: 0.041 -> 0.005 s for the q,k,v,o
-    layers of the 25M model (benchmarks/NOTES.md)."""
+    and one pass instead of a dense delta, a sum and casts (faster: benchmarks/NOTES.md)."""
     b, a = b.float(), a.float()
     if fan_in_fan_out:  # W is [in, out]: add (B @ A)^T = A^T @ B^T
         b, a = a.T, b.T
