@@ -1,4 +1,4 @@
-"""The learner against this machine's matmul roof (issue 24 item 4), on CPU.
+"""The learner against this machine's matmul roof, on CPU.
 
     python benchmarks/learner_roof.py [--steps 50] [--dtypes float32,bfloat16] [--threads 2]
                                       [--profile 5] [--json out.json]

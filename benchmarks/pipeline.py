@@ -14,7 +14,7 @@ approach max(generate, learn + sync) instead of their sum; ``generate_wait`` is 
 update did not hide.
 
 Models: ``tiny`` = the demo (configs/tiny_cpu.yaml: 16 prompts x 8, 6 tokens, LoRA r=16 on every
-projection); ``small`` = issue 11's workload: a generated 25M-parameter Llama (hidden 512, 8 layers,
+projection); ``small`` = the TRL comparison's workload: a generated 25M-parameter Llama (hidden 512, 8 layers,
 untrained: throughput only), 8 prompts x 8 completions, 32 new tokens, LoRA r=8 on q,k,v,o, beta
 0.04, lr 1e-4, one 64-completion micro-batch.
 """

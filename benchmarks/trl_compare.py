@@ -5,7 +5,7 @@
 
 (``make bench-trl ARGS="..."`` installs the ``bench`` extra, i.e. TRL, first.)
 
-The workload (issue 11): the locally generated "small" Llama (hidden 512, 8 layers, ~24M
+The workload: the locally generated "small" Llama (hidden 512, 8 layers, ~24M
 parameters, character vocabulary; cached under .cache/bench_models/), the builtin ``add`` prompts,
 8 prompts x 8 completions = one 64-completion micro-batch per step, at most 32 new tokens at
 temperature 1, LoRA r=8 (alpha 16) on q,k,v,o, KL beta 0.04, fp32, AdamW lr 1e-4 (constant), one
@@ -15,7 +15,7 @@ signature: the same function in every setting). ``--model untrained`` (default) 
 tokens and stops, which makes a short, latency-bound workload. Nothing forces the length: every
 setting samples the same model, so tokens/s is the measure to compare, completions/s next to it.
 
-``--model smollm2`` (issue 21), the real-model workload: SmolLM2-135M-Instruct
+``--model smollm2``, the real-model workload: SmolLM2-135M-Instruct
 (``pkg:smollm2-135m-instruct``), the chat word problems of configs/smollm2_cpu.yaml (its base
 config here), 64 new tokens, LoRA r=16 (alpha 32) on q,k,v,o,gate,up,down, the ``math`` reward,
 lr 2e-4, micro-batches of 8 (8 accumulated per step) in both systems; TRL gets grpo_dist's very
@@ -23,7 +23,7 @@ prompts in its stream's order (trl_bench/workloads.py ``prompt_rows``) and its a
 settings. Settings by default: trl, trl_bf16w, sync, sync_bf16all (the small workload: all but
 sync_bf16all and stream).
 
-``--model calculator`` (issue 25), multi-turn tool use: TRL's ``GRPOTrainer(tools=[calculator])``
+``--model calculator``, multi-turn tool use: TRL's ``GRPOTrainer(tools=[calculator])``
 against grpo_dist's ``rollout.env: calculator`` (configs/calculator_smollm2.yaml), the same
 ``calculator`` function, SmolLM2-135M-Instruct with its ChatML template extended to render
 tool calls, in both (TRL's tool loop needs a template that renders them and a parser of them;

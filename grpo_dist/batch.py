@@ -15,7 +15,7 @@ from grpo_dist.types import TOOL_COUNTERS, RewardResult, RolloutGroup, TrainBatc
 
 
 def compute_advantages(rewards: list[float], group_size: int, algo: AlgoConfig) -> list[float]:
-    """Per-sequence advantages (or seed 002's softmax weights) for contiguous groups."""
+    """Per-sequence advantages (or the softmax-weighted variant's weights) for contiguous groups."""
     r = torch.tensor(rewards, dtype=torch.float64)
     if algo.adv_estimator == "group":
         a = group_advantages(r, group_size, scale=algo.adv_scale, std_unbiased=algo.std_unbiased, eps=algo.adv_eps)

@@ -307,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("doctor", help="check this machine: versions, CPU/GPUs, DeepSpeed op, Ray, a vLLM engine",
                        description="One PASS/FAIL line per check; exit 1 when one failed.")
-    d.add_argument("--warmup", action="store_true", help="compile DeepSpeed's CPU op if missing (~45 s, once)")
+    d.add_argument("--warmup", action="store_true", help="compile DeepSpeed's CPU op if missing (slow, once)")
     d.add_argument("--quick", action="store_true", help="skip the Ray and vLLM checks (seconds instead of a minute)")
     d.set_defaults(fn=cmd_doctor)
     return p

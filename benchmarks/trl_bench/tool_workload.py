@@ -1,4 +1,4 @@
-"""The ``calculator`` workload (issue 25): multi-turn tool use, grpo_dist's calculator environment
+"""The ``calculator`` workload: multi-turn tool use, grpo_dist's calculator environment
 against TRL's ``GRPOTrainer(tools=[calculator])`` on the same model, prompts and tool.
 
 TRL's tool loop needs a chat template that renders ``tool_calls`` (``supports_tool_calling``) and

@@ -12,18 +12,18 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL_CACHE = os.path.join(ROOT, ".cache", "bench_models")
 
-# "small" (issue 11): the generated 24M Llama (untrained or add-pretrained), builtin:add, correctness
+# "small": the generated 24M Llama (untrained or add-pretrained), builtin:add, correctness
 WORKLOAD = dict(prompts=8, group=8, max_tokens=32, lora_r=8, lora_alpha=16,
                 targets=["q_proj", "k_proj", "v_proj", "o_proj"], beta=0.04, lr=1e-4, max_model_len=64, seed=0,
                 data="builtin:add", chat_template=False, reward="correctness", micro_batch=64,
                 config="configs/tiny_cpu.yaml")
-# "smollm2" (issue 21): SmolLM2-135M-Instruct on the chat word problems of configs/smollm2_cpu.yaml
+# "smollm2": SmolLM2-135M-Instruct on the chat word problems of configs/smollm2_cpu.yaml
 SMOLLM2 = dict(prompts=8, group=8, max_tokens=64, lora_r=16, lora_alpha=32,
                targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], beta=0.04,
                lr=2e-4, max_model_len=256, seed=0, data="builtin:word_problems?difficulty=1", chat_template=True,
                reward="math", micro_batch=8, config="configs/smollm2_cpu.yaml", model="pkg:smollm2-135m-instruct",
                grad_clip=1.0, betas=(0.9, 0.99))
-# "calculator" (issue 25): multi-turn tool use, SmolLM2-135M-Instruct with its ChatML template extended to render
+# "calculator": multi-turn tool use, SmolLM2-135M-Instruct with its ChatML template extended to render
 # tool calls (TRL's tool loop needs that; trl_bench/tool_workload.py) on builtin:tool_problems, configs/calculator_smollm2.yaml.
 # Generation as TRL's loop generates: no per-turn cap (max_tokens = the trajectory's budget), a turn ends at EOS (not
 # at </tool_call>: stop_after_call false), every call of a turn runs; max_turns 3 = TRL's first turn + 2 iterations.

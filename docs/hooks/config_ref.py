@@ -3,8 +3,8 @@
 The page is made from the config models themselves (``grpo_dist.config.Config`` and its
 sections: each field's type, default, constraints and ``description=``), so the reference cannot
 drift from the code and is never committed. Defaults and descriptions come from
-``grpo_dist.config.describe.field_docs`` where it exists (what ``--help-config`` prints), else from
-the fields directly; types, bounds and nested entries from the fields.
+``grpo_dist.config.describe.field_docs`` (what ``--help-config`` prints); types, bounds and nested
+entries from the fields.
 ``python docs/hooks/config_ref.py`` prints the page.
 """
 
@@ -41,12 +41,9 @@ def _import_config():
 
 def _field_docs() -> dict:
     """``section.key`` -> the default (YAML) and description that ``grpo-dist train --help-config``
-    prints, from ``grpo_dist.config.describe.field_docs`` (one source for the console and this
-    page); empty where that function is absent, and the walk below reads the fields itself."""
-    try:
-        from grpo_dist.config.describe import field_docs
-    except ImportError:
-        return {}
+    prints (``grpo_dist.config.describe.field_docs``: one source for the console and this page)."""
+    from grpo_dist.config.describe import field_docs
+
     return {d.path: d for d in field_docs()}
 
 
@@ -86,27 +83,14 @@ def _constraints(field) -> str:
 
 
 def _default(field, base_model) -> str:
-    import yaml
+    """A nested model's field default as YAML (what ``field_docs`` gives for the sections' own)."""
     from pydantic_core import PydanticUndefined
 
-    if field.default_factory is not None:
-        value = field.default_factory()
-    elif field.default is PydanticUndefined:
+    from grpo_dist.config.describe import field_default, yaml_value
+
+    if field.default_factory is None and field.default is PydanticUndefined:
         return "(required)"
-    else:
-        value = field.default
-
-    def plain(v):
-        if isinstance(v, base_model):
-            return plain(v.model_dump(mode="json"))
-        if isinstance(v, (list, tuple)):
-            return [plain(x) for x in v]
-        if isinstance(v, dict):
-            return {k: plain(x) for k, x in v.items()}
-        return v
-
-    text = yaml.safe_dump(plain(value), default_flow_style=True, width=10**6, sort_keys=False).strip()
-    return f"`{text.removesuffix('...').strip()}`"
+    return f"`{yaml_value(field_default(field))}`"
 
 
 def _cell(text: str) -> str:

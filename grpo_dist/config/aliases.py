@@ -1,6 +1,6 @@
 """TRL's and verl's option names, and this project's names for the same things.
 
-One table (:data:`ROWS`) feeds both the README's "Coming from TRL or verl" table
+One table (:data:`ROWS`) feeds both the docs' "Coming from TRL or verl" table (docs/coming-from-trl-verl.md)
 (:func:`markdown_table`) and the config error for an unknown key that is a TRL or verl name
 (:func:`hint`: ``num_generations: unknown key: this is rollout.group_size (TRL)``); an unknown key
 that is none gets the closest key of ours (``trainer.step: unknown key; did you mean
@@ -128,7 +128,7 @@ def hint(key: str, ours: Iterable[str]) -> str:
 
 
 def markdown_table() -> str:
-    """The README's table: our key, TRL's names, verl's names, a note."""
+    """The docs' option table: our key, TRL's names, verl's names, a note."""
     lines = ["| grpo_dist | TRL | verl | note |", "|---|---|---|---|"]
     for ours, trl, verl, note in ROWS:
         names = lambda xs: ", ".join(f"`{x}`" for x in xs)

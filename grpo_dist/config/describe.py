@@ -59,7 +59,8 @@ def allowed_values(annotation) -> str | None:
     return f"one of: {values}" + (", null" if "null" in others else "")
 
 
-def _default(f):
+def field_default(f):
+    """A field's default value as plain data (config models dumped to dicts)."""
     v = f.default_factory() if f.default_factory is not None else f.default
     if isinstance(v, list):
         v = [x.model_dump(mode="json") if isinstance(x, BaseModel) else x for x in v]
@@ -79,7 +80,7 @@ def field_docs(section: str | None = None) -> list[FieldDoc]:
         sub = f.annotation if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel) else None
         fields = sub.model_fields.items() if sub is not None else [(None, f)]
         for key, ff in fields:
-            out.append(FieldDoc(name, name if key is None else f"{name}.{key}", yaml_value(_default(ff)),
+            out.append(FieldDoc(name, name if key is None else f"{name}.{key}", yaml_value(field_default(ff)),
                                 ff.description or "", allowed_values(ff.annotation)))
     return out
 

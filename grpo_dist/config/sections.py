@@ -44,7 +44,7 @@ class LoraConfig(Section):
 
 
 class DataConfig(Section):
-    path: str = Field("builtin:add", description="Prompts: builtin:<task>[?n=&max_operand=], .jsonl, .json, .parquet, a saved HF dataset dir or hf:<hub name>[:<config>] (README: Data sources).")
+    path: str = Field("builtin:add", description="Prompts: builtin:<task>[?n=&max_operand=], .jsonl, .json, .parquet, a saved HF dataset dir or hf:<hub name>[:<config>] (docs: data.md).")
     split: Optional[str] = Field(None, description="Split of a saved HF DatasetDict or hub dataset (default train).")
     eval_path: Optional[str] = Field("auto", description="Held-out prompts: auto = the data's test split, else "
                                      "data.eval_size prompts held out of training; or a source (same formats); null = no eval.")
