@@ -1,21 +1,29 @@
 """The code tool's sandbox (grpo_dist/envs/sandbox.py) against hostile code: a loop that never
 ends, a sleep that never ends, unbounded allocation, gigabytes of output, reading the parent's
-environment (its own, and /proc/<parent>/environ), writing outside its directory, the network,
-and processes left behind. Limits are generous in wall-clock terms: the machine is shared, and a
+environment (its own, and /proc/<parent>/environ), reading the home, the project or other files,
+writing outside its directory, filling its directory, forbidden system calls, the network, and
+processes left behind. Limits are generous in wall-clock terms: the machine is shared, and a
 CPU second can take many wall seconds under load."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
+import platform
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from grpo_dist.envs import EnvLimits
 from grpo_dist.envs.base import run
 from grpo_dist.envs.builtin import PythonCodeEnv
-from grpo_dist.envs.sandbox import SandboxLimits, isolation, run_python_sync
+from grpo_dist.envs._seccomp import _DENIED
+from grpo_dist.envs.sandbox import STUB, SandboxLimits, isolation, run_python_sync
 from grpo_dist.types import PromptRecord
 
 ISO = isolation()
@@ -90,6 +98,103 @@ def test_writes_outside_its_directory_are_refused(tmp_path):
     r = run_python_sync(code)
     assert r.stdout.splitlines() == ["ok", "PermissionError", "PermissionError", "PermissionError", "PermissionError"]
     assert not target.exists() and not os.path.exists("/tmp/grpo-sandbox-escape") and (tmp_path / "keep").exists()
+
+
+@pytest.mark.skipif(isolation()["landlock_abi"] < 1, reason="no Landlock on this kernel: reads are not confined")
+def test_the_home_the_project_and_other_files_are_unreadable(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("hunter2")
+    project = Path(__file__).resolve().parents[1]
+    targets = [str(Path.home()), str(project / "pyproject.toml"), str(Path(__file__).resolve()), str(project),
+               str(secret), str(tmp_path), "/etc/passwd", "/tmp", "/"]
+    code = ("import os, decimal, fractions\n"
+            "print(open('main.py').read().startswith('import os'), decimal.Decimal('0.1') + decimal.Decimal('0.2'))\n"
+            f"for p in {targets!r}:\n"
+            "    try:\n"
+            "        print(os.listdir(p) if os.path.isdir(p) else open(p).read()[:20])\n"
+            "    except OSError as e:\n"
+            "        print(type(e).__name__)\n")
+    if importlib.util.find_spec("numpy"):  # the environment's site-packages stay importable
+        code += "import numpy\nprint(int(numpy.arange(4).sum()))\n"
+    r = run_python_sync(code)
+    assert r.ok, r.text()
+    lines = r.stdout.splitlines()
+    assert lines[0] == "True 0.3" and lines[1:1 + len(targets)] == ["PermissionError"] * len(targets)
+    assert lines[1 + len(targets):] == (["6"] if importlib.util.find_spec("numpy") else [])
+
+
+@pytest.mark.skipif(not isolation()["dir_tmpfs"], reason="no user and mount namespaces here: the directory's size is "
+                    "bounded per file only")
+def test_filling_its_directory_stops_at_the_size_bound():
+    lim = SandboxLimits(dir_mb=8, file_mb=3, dir_files=64, wall_s=60)
+    code = ("import errno, os\n"
+            "def fill(make):\n"
+            "    try:\n"
+            "        for i in range(1000):\n"
+            "            make(i)\n"
+            "    except OSError as e:\n"
+            "        return errno.errorcode[e.errno]\n"
+            "def big(i):\n"
+            "    with open('big%d' % i, 'wb') as f:\n"
+            "        for _ in range(3):\n"
+            "            f.write(b'x' * (1 << 20))\n"
+            "            f.flush()\n"
+            "print(fill(lambda i: open('one', 'ab').write(b'x' * (1 << 20))))\n"  # one file past file_mb
+            "os.remove('one')\n"
+            "print(fill(big))\n"  # the directory past dir_mb
+            "print(sum(os.path.getsize(n) for n in os.listdir('.')) <= 8 << 20)\n"
+            "for n in os.listdir('.'):\n"
+            "    if n != 'main.py':\n"
+            "        os.remove(n)\n"
+            "print(fill(lambda i: open('f%d' % i, 'w').close()), len(os.listdir('.')) <= 64)\n")  # past dir_files
+    r = run_python_sync(code, lim)
+    assert r.ok, r.text()
+    assert r.stdout.splitlines() == ["EFBIG", "ENOSPC", "True", "ENOSPC True"]
+
+
+@pytest.mark.skipif(not isolation()["seccomp"], reason="no seccomp filters on this kernel or architecture")
+def test_forbidden_system_calls_fail():
+    col = 0 if platform.machine() in ("x86_64", "amd64") else 1
+    nr = {k: _DENIED[k][col] for k in ("ptrace", "unshare", "io_uring_setup", "keyctl", "bpf", "mount")}
+    code = ("import ctypes, os, socket, threading\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "params = ctypes.create_string_buffer(256)\n"
+            f"calls = [('ptrace', {nr['ptrace']}, 0, 0, 0, 0), ('unshare', {nr['unshare']}, 0x10000000),\n"
+            f"         ('unshare', {nr['unshare']}, 0x40000000), ('io_uring_setup', {nr['io_uring_setup']}, 4, params),\n"
+            f"         ('keyctl', {nr['keyctl']}, 0, -3, 0), ('bpf', {nr['bpf']}, 0, 0, 0),\n"
+            f"         ('mount', {nr['mount']}, b'none', b'/tmp', b'tmpfs', 0, None)]\n"
+            "for name, n, *args in calls:\n"
+            "    rc = libc.syscall(n, *args)\n"
+            "    print(name, rc, os.strerror(ctypes.get_errno()) if rc < 0 else '')\n"
+            "for fam in (socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK, socket.AF_PACKET):\n"
+            "    try:\n"
+            "        socket.socket(fam, socket.SOCK_RAW if fam == socket.AF_PACKET else socket.SOCK_DGRAM)\n"
+            "        print('socket', fam)\n"
+            "    except OSError as e:\n"
+            "        print(type(e).__name__)\n"
+            "a, b = socket.socketpair()\n"
+            "a.sendall(b'unix ok')\n"
+            "t = threading.Thread(target=lambda: print(b.recv(16).decode()))\n"
+            "t.start()\n"
+            "t.join()\n"
+            "print([l for l in open('/proc/self/status') if l.startswith('Seccomp:')][0].split())\n")
+    r = run_python_sync(code)
+    assert r.ok, r.text()
+    refused = "-1 Operation not permitted"
+    assert r.stdout.splitlines() == [f"ptrace {refused}", f"unshare {refused}", f"unshare {refused}",
+                                     f"io_uring_setup {refused}", f"keyctl {refused}", f"bpf {refused}",
+                                     f"mount {refused}"] + ["PermissionError"] * 4 + ["unix ok", "['Seccomp:', '2']"]
+
+
+@pytest.mark.skipif(isolation()["landlock_abi"] < 1, reason="no Landlock on this kernel")
+def test_a_wall_that_cannot_be_applied_stops_the_code(tmp_path):
+    """Fails closed: a Landlock rule the kernel rejects (a file given as a directory) -> exit 125."""
+    (tmp_path / "main.py").write_text("print('ran')")
+    conf = {**SandboxLimits().__dict__, "workdir": str(tmp_path), "landlock_abi": isolation()["landlock_abi"],
+            "seccomp": False, "dir_tmpfs": False, "read_dirs": ["/etc/hostname"], "read_files": []}
+    r = subprocess.run([sys.executable, "-I", "-c", STUB, json.dumps(conf)], capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path)
+    assert r.returncode == 125 and r.stdout == "" and "Landlock could not be applied" in r.stderr
 
 
 def test_no_network():

@@ -50,7 +50,11 @@ def init_ray(cfg: Config) -> dict[str, Any]:
         os.environ.setdefault("RAY_OVERRIDE_JOB_RUNTIME_ENV", "1")
         ray.init(address=cfg.cluster.address, runtime_env=runtime_env, log_to_driver=True)
     else:
-        # address="local": always a fresh cluster, never one a `ray start` left on this machine
+        # address="local": always a fresh cluster, never one a `ray start` left on this machine;
+        # token authentication on, with a token of this run's own (local_auth.py)
+        from grpo_dist.cluster import local_auth
+
+        env.update(local_auth.enable())
         ray.init(address="local", num_cpus=cfg.cluster.num_cpus, include_dashboard=False, runtime_env=runtime_env,
                  log_to_driver=True, configure_logging=True, logging_level=logging.WARNING)
         from grpo_dist.cluster.reaper import start_reaper
@@ -194,3 +198,6 @@ def shutdown_ray() -> None:
     unroute()
     if ray.is_initialized():
         ray.shutdown()
+    from grpo_dist.cluster import local_auth
+
+    local_auth.restore()

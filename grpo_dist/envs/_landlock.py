@@ -1,10 +1,11 @@
-"""The sandbox child's bootstrap: limits, Landlock, then the user's script (see sandbox.py).
+"""The sandbox child's bootstrap: its directory's tmpfs, limits, Landlock, the seccomp filter,
+then the user's script (see sandbox.py).
 
-This file's own text is what the child runs (``python -I -c STUB conf``), so it imports only
-the standard library; in the parent it only provides :func:`landlock_abi`. Landlock is called
-through ``ctypes`` syscalls (no binding in the standard library): ``landlock_create_ruleset``
-444, ``landlock_add_rule`` 445, ``landlock_restrict_self`` 446 (the same numbers on x86-64 and
-arm64).
+This file's own text is what the child runs (``python -I -c STUB conf``, after _seccomp.py's
+text), so it imports only the standard library; in the parent it only provides
+:func:`landlock_abi`. Landlock is called through ``ctypes`` syscalls (no binding in the standard
+library): ``landlock_create_ruleset`` 444, ``landlock_add_rule`` 445,
+``landlock_restrict_self`` 446 (the same numbers on x86-64 and arm64).
 """
 
 import ctypes
@@ -13,16 +14,24 @@ import os
 import resource
 import sys
 
+if __name__ != "__main__":  # in the child, _seccomp.py's text precedes this file's
+    from grpo_dist.envs._seccomp import install_filter
+
 _CREATE, _ADD_RULE, _RESTRICT = 444, 445, 446
 _VERSION_FLAG = 1  # LANDLOCK_CREATE_RULESET_VERSION
 _RULE_PATH_BENEATH = 1
 _PR_SET_NO_NEW_PRIVS = 38
-# filesystem rights (ABI 1, then REFER in 2, TRUNCATE in 3)
-WRITE_FILE, REMOVE_DIR, REMOVE_FILE = 1 << 1, 1 << 4, 1 << 5
+# filesystem rights (ABI 1, then REFER in 2, TRUNCATE in 3, IOCTL_DEV in 5)
+EXECUTE, WRITE_FILE, READ_FILE, READ_DIR, REMOVE_DIR, REMOVE_FILE = (1 << b for b in range(6))
 MAKE_ALL = sum(1 << b for b in range(6, 13))  # char, dir, reg, sock, fifo, block, sym
-REFER, TRUNCATE = 1 << 13, 1 << 14
+REFER, TRUNCATE, IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
 NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1  # ABI 4
 SCOPE_ABSTRACT_UNIX, SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI 6
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
+# what the interpreter may read besides its own installation (and exec: the loader, the libraries)
+SYSTEM_EXEC_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib")
+SYSTEM_READ_DIRS = ("/usr/share/zoneinfo",)
+SYSTEM_READ_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/dev/urandom", "/dev/random", "/dev/zero")
 
 
 def _libc():
@@ -43,13 +52,23 @@ class _PathBeneath(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-def restrict_writes(workdir: str, abi: int) -> None:
-    """Writes only beneath ``workdir`` (and to /dev/null); no TCP (ABI >= 4); no signals or
-    abstract sockets outside (ABI >= 6). Raises OSError if the kernel refuses."""
+def mount_dir_tmpfs(path: str, size_mb: int, inodes: int) -> None:
+    """Mount a private tmpfs of ``size_mb`` MiB and ``inodes`` files over ``path`` (needs this
+    process's own user and mount namespace). Raises OSError if the kernel refuses."""
+    opts = f"size={size_mb}m,nr_inodes={inodes},mode=0700".encode()
+    if _libc().mount(b"tmpfs", path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, opts) != 0:
+        raise OSError(ctypes.get_errno(), f"mount tmpfs on {path}")
+
+
+def restrict(workdir: str, abi: int, read_dirs: list, read_files: list) -> None:
+    """Landlock on this process and its children: writes only beneath ``workdir`` (and to
+    /dev/null); reads only beneath it, ``read_dirs`` (and the system's library directories, with
+    execution), ``read_files``, /proc/self and a few /dev and /etc files; no TCP (ABI >= 4); no
+    signals or abstract sockets outside (ABI >= 6). Paths that do not exist are skipped.
+    Raises OSError if the kernel refuses."""
     libc = _libc()
-    fs = WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_ALL
-    fs |= REFER if abi >= 2 else 0
-    fs |= TRUNCATE if abi >= 3 else 0
+    write = WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_ALL | (REFER if abi >= 2 else 0) | (TRUNCATE if abi >= 3 else 0)
+    fs = write | EXECUTE | READ_FILE | READ_DIR | (IOCTL_DEV if abi >= 5 else 0)
     fields = [fs]
     if abi >= 4:
         fields.append(NET_BIND_TCP | NET_CONNECT_TCP)
@@ -59,9 +78,17 @@ def restrict_writes(workdir: str, abi: int) -> None:
     ruleset = libc.syscall(_CREATE, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
     if ruleset < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
-    file_rights = WRITE_FILE | (TRUNCATE if abi >= 3 else 0)
-    for path, rights in ((workdir, fs), ("/dev/null", file_rights)):
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    dev_null = WRITE_FILE | READ_FILE | (TRUNCATE if abi >= 3 else 0)
+    rules = [(workdir, write | READ_FILE | READ_DIR), ("/dev/null", dev_null), ("/proc/self", READ_FILE | READ_DIR)]
+    rules += [(p, READ_FILE | READ_DIR | EXECUTE) for p in SYSTEM_EXEC_DIRS]
+    rules += [(p, READ_FILE | READ_DIR) for p in SYSTEM_READ_DIRS]
+    rules += [(p, READ_FILE | READ_DIR | EXECUTE) for p in read_dirs]
+    rules += [(p, READ_FILE) for p in list(SYSTEM_READ_FILES) + list(read_files)]
+    for path, rights in rules:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
         try:
             rule = _PathBeneath(rights, fd)
             if libc.syscall(_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
@@ -75,6 +102,11 @@ def restrict_writes(workdir: str, abi: int) -> None:
     os.close(ruleset)
 
 
+def _refuse(wall: str, e: OSError) -> None:
+    sys.stderr.write(f"sandbox: {wall} could not be applied ({e}); not running the code\n")
+    sys.exit(125)
+
+
 def _main() -> None:
     conf = json.loads(sys.argv[1])
     if os.getpid() == 1:  # a PID namespace's init ignores signals it has no handler for (SIGXCPU): run as its child
@@ -83,6 +115,16 @@ def _main() -> None:
             code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
             os._exit(128 - code if code < 0 else code)
     work = conf["workdir"]
+    path = os.path.join(work, "main.py")
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    if conf["dir_tmpfs"]:  # the directory's total size: a tmpfs of dir_mb over it, private to this mount namespace
+        try:
+            mount_dir_tmpfs(work, conf["dir_mb"], conf["dir_files"])
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(source)
+        except OSError as e:
+            _refuse("the directory's tmpfs", e)
     os.chdir(work)
     mib = 1 << 20
     for res, value in ((resource.RLIMIT_CPU, (conf["cpu_s"], conf["cpu_s"] + 1)),
@@ -93,13 +135,14 @@ def _main() -> None:
         resource.setrlimit(res, value)
     if conf["landlock_abi"] >= 1:
         try:
-            restrict_writes(work, conf["landlock_abi"])
+            restrict(work, conf["landlock_abi"], conf["read_dirs"], conf["read_files"])
         except OSError as e:
-            sys.stderr.write(f"sandbox: Landlock could not be applied ({e}); not running the code\n")
-            sys.exit(125)
-    path = os.path.join(work, "main.py")
-    with open(path, encoding="utf-8") as f:
-        source = f.read()
+            _refuse("Landlock", e)
+    if conf["seccomp"]:
+        try:
+            install_filter()
+        except OSError as e:
+            _refuse("the seccomp filter", e)
     sys.argv = [path]
     sys.path[0] = work
     try:

@@ -10,24 +10,41 @@ What it does, each part only where the OS allows it without root (:func:`isolati
   killed and the result says so (printing gigabytes costs the parent nothing);
 * an empty temporary working directory (also ``HOME`` and ``TMPDIR``), deleted afterwards;
 * a scrubbed environment: only ``PATH``, ``HOME``, ``TMPDIR``, ``LANG``; nothing of the parent's;
-* namespaces (``unshare --map-current-user -n -p -f --mount-proc``, util-linux): no network
-  (an empty network namespace: only a loopback that is down), its own PID namespace and /proc,
+* namespaces (``unshare --map-current-user --keep-caps -n -p -f --mount-proc``, util-linux):
+  no network (an empty network namespace: only a loopback that is down), its own PID namespace
+  and /proc,
   so the parent's processes (and their ``/proc/<pid>/environ``) are out of sight, and everything
   it started dies with it;
-* Landlock (Linux >= 5.13, unprivileged): writes, deletions and new files only inside the
-  working directory (and ``/dev/null``); with Landlock ABI >= 4 also no TCP bind/connect, with
-  ABI >= 6 no signals to processes outside. The child refuses to run (exit 125) if a Landlock
-  that :func:`isolation` reported cannot be applied.
+* a size bound on the working directory in sum (with namespaces): a private tmpfs of
+  ``dir_mb`` MiB and ``dir_files`` files mounted over it in the child's own mount namespace, so
+  writing past it fails with ENOSPC (``file_mb`` still bounds each file); it vanishes with the
+  namespace;
+* Landlock (Linux >= 5.13, unprivileged): reads only beneath the working directory, the Python
+  installation (``sys.base_prefix``), the environment's site-packages (``site_packages``, on by
+  default: models' code imports numpy or sympy), the system's library directories, a few files
+  (``/etc/ld.so.cache``, ``/etc/localtime``, ``/dev/null``, ``/dev/urandom``...) and
+  ``/proc/self``: the user's home, the project, ``/tmp`` and other users' files are unreadable
+  (their names can still be ``stat``-ed: Landlock does not cover metadata); writes, deletions
+  and new files only inside the working directory (and ``/dev/null``); programs run only from
+  the Python installation and the library directories; with Landlock ABI >= 4 also no TCP
+  bind/connect, with ABI >= 6 no signals to processes outside;
+* a seccomp filter (x86-64 and arm64, where the kernel has seccomp filters): no ptrace or other
+  processes' memory, no mount or new namespaces, no bpf, perf_event_open, io_uring, keyrings,
+  kexec or modules, sockets of the AF_UNIX family only (grpo_dist/envs/_seccomp.py lists it
+  all, and what it leaves unfiltered).
 
-What it does not do: it does not hide files from reading (the code can read whatever the user
-running the rollout can read: the model, the project, ``/etc``) -- only the parent's
-environment and processes are out of sight, and only with namespaces; it has no seccomp filter
-(any syscall the kernel allows an unprivileged process); ``RLIMIT_NPROC`` is not enforced for
-root, so a fork bomb is bounded only by the CPU limit per process, the PID namespace and the
-wall-clock kill; the working directory's total size is bounded per file (``file_mb``), not in
-sum; UDP is cut only by the network namespace. Without ``unshare`` there is no network cut
-other than Landlock's TCP rule, ``/proc/<parent>/environ`` is readable, and a process the code
-starts in a new session outlives it.
+The child refuses to run (exit 125) if a wall that :func:`isolation` reported (tmpfs, Landlock,
+seccomp) cannot be applied: it fails closed. Where the kernel lacks one, :func:`isolation` says
+so and the code runs without it.
+
+What it does not do: without Landlock it does not hide files from reading; ``RLIMIT_NPROC`` is
+not enforced for root, so a fork bomb is bounded only by the CPU limit per process, the PID
+namespace and the wall-clock kill; in its user namespace the code keeps the capabilities that
+namespace grants (the mount is made with them; the filter and Landlock then forbid mounts and
+new namespaces); UDP is cut by the network namespace and the filter's socket rule. Without
+``unshare`` there is no network cut other than Landlock's TCP rule and the filter,
+``/proc/<parent>/environ`` is readable unless Landlock hides it, the directory's size is bounded
+only per file, and a process the code starts in a new session outlives it.
 """
 
 from __future__ import annotations
@@ -40,17 +57,20 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pathlib import Path
 
-from grpo_dist.envs import _landlock
+from grpo_dist.envs import _landlock, _seccomp
 from grpo_dist.envs._landlock import landlock_abi
+from grpo_dist.envs._seccomp import seccomp_supported
 
-# the child's bootstrap: _landlock.py's own text, then its _main() (limits, Landlock, the script)
-STUB = Path(_landlock.__file__).read_text(encoding="utf-8") + "\n_main()\n"
+# the child's bootstrap: _seccomp.py's and _landlock.py's own text, then the latter's _main()
+# (tmpfs, limits, Landlock, the filter, the script)
+STUB = "\n".join(Path(m.__file__).read_text(encoding="utf-8") for m in (_seccomp, _landlock)) + "\n_main()\n"
 
 
 @dataclass
@@ -59,6 +79,9 @@ class SandboxLimits:
     memory_mb: int = 512
     output_bytes: int = 16384
     file_mb: int = 16
+    dir_mb: int = 64
+    dir_files: int = 4096
+    site_packages: bool = True
     wall_s: float = 10.0
     open_files: int = 64
 
@@ -102,20 +125,47 @@ def _signal_name(code: int) -> str:
 @functools.lru_cache(maxsize=1)
 def isolation() -> dict[str, Any]:
     """What this machine lets the sandbox apply (probed once per process)."""
-    ns = False
+    ns = tmpfs = False
     if shutil.which("unshare"):
-        try:
-            ns = subprocess.run(_UNSHARE + ["true"], capture_output=True, timeout=10).returncode == 0
+        probe = tempfile.mkdtemp(prefix="grpo-sandbox-probe-")
+        try:  # 0: namespaces and a tmpfs mount in them; 3: namespaces only
+            rc = subprocess.run(_UNSHARE + [sys.executable, "-I", "-c", _TMPFS_PROBE, probe], capture_output=True,
+                                timeout=30).returncode
+            ns, tmpfs = rc in (0, 3), rc == 0
         except (OSError, subprocess.SubprocessError):
-            ns = False
+            pass
+        finally:
+            os.rmdir(probe)
     abi = landlock_abi()
-    return {"namespaces": ns, "landlock_abi": abi,
+    sc = seccomp_supported()
+    return {"namespaces": ns, "landlock_abi": abi, "seccomp": sc, "dir_tmpfs": tmpfs,
             "network": "namespace" if ns else ("landlock-tcp" if abi >= 4 else "not cut"),
             "writes_outside_dir": "landlock" if abi >= 1 else "not blocked",
+            "reads_outside_dir": "landlock" if abi >= 1 else "not blocked",
+            "dir_size": "tmpfs" if tmpfs else "per file",
+            "syscalls": "seccomp" if sc else "not filtered",
             "parent_processes": "hidden (PID namespace)" if ns else "visible"}
 
 
-_UNSHARE = ["unshare", "--map-current-user", "--net", "--pid", "--fork", "--mount-proc", "--kill-child"]
+# --keep-caps: the child keeps the namespace's capabilities across exec (a non-root user needs them to mount)
+_UNSHARE = ["unshare", "--map-current-user", "--keep-caps", "--net", "--pid", "--fork", "--mount-proc",
+            "--kill-child"]
+_TMPFS_PROBE = ("import ctypes, sys\n"
+                "sys.exit(0 if ctypes.CDLL(None).mount(b'tmpfs', sys.argv[1].encode(), b'tmpfs', 14, b'size=1m') == 0"
+                " else 3)")
+
+
+def _read_paths(site_packages: bool) -> tuple[list[str], list[str]]:
+    """What the child may read of Python: its installation, and the environment's site-packages."""
+    dirs = {sys.base_prefix, sys.base_exec_prefix} - {"/"}
+    if not dirs:  # an interpreter installed at /: its library directories and its executable's
+        dirs = {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"],
+                os.path.dirname(os.path.realpath(sys.executable))}
+    files = []
+    if site_packages:
+        dirs |= {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+        files.append(os.path.join(sys.prefix, "pyvenv.cfg"))
+    return sorted(d for d in dirs if os.path.isdir(d)), [f for f in files if os.path.isfile(f)]
 _ENV_KEEP = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
@@ -127,7 +177,10 @@ async def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxR
     try:
         with open(os.path.join(work, "main.py"), "w", encoding="utf-8") as f:
             f.write(code)
-        conf = json.dumps({**asdict(lim), "workdir": work, "landlock_abi": iso["landlock_abi"]})
+        read_dirs, read_files = _read_paths(lim.site_packages)
+        conf = json.dumps({**asdict(lim), "workdir": work, "landlock_abi": iso["landlock_abi"],
+                           "seccomp": iso["seccomp"], "dir_tmpfs": iso["dir_tmpfs"],
+                           "read_dirs": read_dirs, "read_files": read_files})
         argv = (_UNSHARE if iso["namespaces"] else []) + [sys.executable, "-I", "-c", STUB, conf]
         env = {**_ENV_KEEP, "HOME": work, "TMPDIR": work}
         proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,

@@ -137,6 +137,9 @@ def _child_deepspeed(warmup: bool) -> Result:
 def _child_ray() -> Result:
     import ray
 
+    from grpo_dist.cluster import local_auth
+
+    local_auth.enable()  # token authentication, as the runs' local clusters have it
     ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         @ray.remote(num_cpus=0)
@@ -144,9 +147,11 @@ def _child_ray() -> Result:
             return os.getpid()
 
         pid = ray.get(where.remote(), timeout=120)
-        return Result("ray", True, f"ray {ray.__version__}: a local cluster started and ran a task (worker pid {pid})")
+        return Result("ray", True, f"ray {ray.__version__}: a local cluster (token authentication) started and ran a "
+                      f"task (worker pid {pid})")
     finally:
         ray.shutdown()
+        local_auth.restore()
 
 
 def _child_vllm(model_dir: str) -> Result:

@@ -22,7 +22,9 @@ def setup_env() -> dict[str, str]:
         "TORCH_EXTENSIONS_DIR": str(PROJECT_CACHE / "torch_extensions"),
         "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
         "TOKENIZERS_PARALLELISM": "false",
-        # Ray on loopback only, no token auth for a local head.
+        # Ray on loopback only; no token auth for a cluster a test or script starts with ray.init (else
+        # Ray 2.59+ writes a token to ~/.ray/auth_token): the runs' local clusters turn it on with a
+        # token of their own (cluster/local_auth.py), the launch scripts' clusters with theirs.
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "RAY_AUTH_MODE": "disabled",
         "RAY_USAGE_STATS_ENABLED": "0",

@@ -1,0 +1,106 @@
+"""The sandbox child's system-call filter: a small seccomp BPF program installed through ctypes.
+
+Like _landlock.py, this file's own text runs in the child (it precedes _landlock.py's in the
+bootstrap), so it imports only the standard library. The filter, for x86-64 and arm64 only:
+
+* another architecture's calling convention (32-bit syscalls on x86-64) kills the process, and
+  x32 system calls fail;
+* these fail with EPERM: ptrace, process_vm_readv/writev, kcmp, pidfd_getfd (other processes'
+  memory); mount, umount2, pivot_root, chroot, the new mount API (open_tree, move_mount,
+  fsopen, fsconfig, fsmount, fspick, mount_setattr), unshare, setns, and clone with any
+  CLONE_NEW* flag (no new namespaces, no way out of the directory's tmpfs); bpf,
+  perf_event_open, userfaultfd, io_uring_setup/enter/register (io_uring's operations would
+  bypass this filter); keyctl, add_key, request_key; kexec_load, kexec_file_load,
+  init_module, finit_module, delete_module, reboot, swapon, swapoff, acct, quotactl, syslog,
+  fanotify_init, lookup_dcookie, open_by_handle_at, name_to_handle_at, iopl, ioperm;
+* clone3 fails with ENOSYS (its flags sit behind a pointer a filter cannot read; glibc then
+  falls back to clone, whose flags are checked);
+* socket and socketpair succeed for AF_UNIX only (EPERM for every other family).
+
+Not filtered: everything else, among it the file system calls (Landlock's job), signals (the
+PID namespace and Landlock's scope), ioctl, prctl, personality and memory mapping.
+"""
+
+import ctypes
+import os
+import platform
+
+_EPERM, _ENOSYS = 1, 38
+_RET_ALLOW, _RET_KILL_PROCESS, _RET_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
+_LD_ABS_W, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
+_NR, _ARCH, _ARG0 = 0, 4, 16  # offsets in struct seccomp_data (little-endian: arg0's low 32 bits)
+_PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
+_AF_UNIX = 1
+_X32_BIT = 0x40000000
+_CLONE_NEW = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+
+# name: (x86-64, arm64); None where the architecture has no such call
+_DENIED = {
+    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "kcmp": (312, 272),
+    "pidfd_getfd": (438, 438), "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41),
+    "chroot": (161, 51), "open_tree": (428, 428), "move_mount": (429, 429), "fsopen": (430, 430),
+    "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433), "mount_setattr": (442, 442),
+    "unshare": (272, 97), "setns": (308, 268), "bpf": (321, 280), "perf_event_open": (298, 241),
+    "userfaultfd": (323, 282), "io_uring_setup": (425, 425), "io_uring_enter": (426, 426),
+    "io_uring_register": (427, 427), "keyctl": (250, 219), "add_key": (248, 217), "request_key": (249, 218),
+    "kexec_load": (246, 104), "kexec_file_load": (320, 294), "init_module": (175, 105),
+    "finit_module": (313, 273), "delete_module": (176, 106), "reboot": (169, 142), "swapon": (167, 224),
+    "swapoff": (168, 225), "acct": (163, 89), "quotactl": (179, 60), "syslog": (103, 116),
+    "fanotify_init": (300, 262), "lookup_dcookie": (212, 18), "open_by_handle_at": (304, 265),
+    "name_to_handle_at": (303, 264), "iopl": (172, None), "ioperm": (173, None),
+}
+_CLONE, _CLONE3, _SOCKET, _SOCKETPAIR = (56, 220), (435, 435), (41, 198), (53, 199)
+# AUDIT_ARCH_X86_64, AUDIT_ARCH_AARCH64, and each one's column in the tables above
+_ARCHES = {"x86_64": (0xC000003E, 0), "amd64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1), "arm64": (0xC00000B7, 1)}
+
+
+def seccomp_supported() -> bool:
+    """Whether this kernel filters system calls with an errno action, on an architecture the
+    filter knows."""
+    try:
+        with open("/proc/sys/kernel/seccomp/actions_avail", encoding="ascii") as f:
+            actions = f.read().split()
+    except OSError:
+        return False
+    return "errno" in actions and "kill_process" in actions and platform.machine().lower() in _ARCHES
+
+
+class _Insn(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_Insn))]
+
+
+def filter_program(machine: str | None = None) -> list[tuple[int, int, int, int]]:
+    """The BPF program as (code, jt, jf, k) instructions."""
+    arch, col = _ARCHES[(machine or platform.machine()).lower()]
+    errno = _RET_ERRNO | _EPERM
+    p = [(_LD_ABS_W, 0, 0, _ARCH), (_JEQ, 1, 0, arch), (_RET, 0, 0, _RET_KILL_PROCESS), (_LD_ABS_W, 0, 0, _NR)]
+    if col == 0:  # x32 system calls
+        p += [(_JGE, 0, 1, _X32_BIT), (_RET, 0, 0, errno)]
+    for nrs in _DENIED.values():
+        if nrs[col] is not None:
+            p += [(_JEQ, 0, 1, nrs[col]), (_RET, 0, 0, errno)]
+    p += [(_JEQ, 0, 1, _CLONE3[col]), (_RET, 0, 0, _RET_ERRNO | _ENOSYS)]
+    # clone: no CLONE_NEW* flag (arg 0 on both architectures)
+    p += [(_JEQ, 0, 4, _CLONE[col]), (_LD_ABS_W, 0, 0, _ARG0), (_JSET, 0, 1, _CLONE_NEW), (_RET, 0, 0, errno),
+          (_RET, 0, 0, _RET_ALLOW)]
+    for nr in (_SOCKET[col], _SOCKETPAIR[col]):  # AF_UNIX only
+        p += [(_JEQ, 0, 4, nr), (_LD_ABS_W, 0, 0, _ARG0), (_JEQ, 0, 1, _AF_UNIX), (_RET, 0, 0, _RET_ALLOW),
+              (_RET, 0, 0, errno)]
+    return p + [(_RET, 0, 0, _RET_ALLOW)]
+
+
+def install_filter() -> None:
+    """Install the filter on this process (and everything it starts); sets no_new_privs.
+    Raises OSError if the kernel refuses."""
+    prog = filter_program()
+    insns = (_Insn * len(prog))(*[_Insn(*i) for i in prog])
+    fprog = _Prog(len(prog), insns)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()) + ": prctl(PR_SET_SECCOMP)")
