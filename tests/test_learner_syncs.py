@@ -106,3 +106,22 @@ def test_reference_pass_only_when_the_loss_has_a_kl_term_against_it(tiny_model_d
     finally:
         hook.remove()
         learner.shutdown()
+
+
+def test_metric_weights_may_be_tensors_read_with_the_values():
+    """A weight that is a tensor (a token count not read yet) is read with the values: a mean
+    weighs by it, a max of weight 0 is left out, and a name whose weights are all 0 is absent."""
+    from grpo_dist.learner.state import MetricAccumulator
+
+    acc = MetricAccumulator()
+    acc.add({"gap_max": torch.tensor(5.0)}, torch.tensor(0))
+    acc.add_weighted("gap_mean", torch.tensor(0.0), torch.tensor(0))
+    acc.add({"gap_max": torch.tensor(2.0)}, torch.tensor(3))
+    acc.add_weighted("gap_mean", torch.tensor(1.0), torch.tensor(3))
+    acc.add_weighted("gap_mean", 4.0, 1.0)
+    acc.add({"none_max": torch.tensor(7.0), "none_min": torch.tensor(7.0)}, torch.tensor(0))
+    acc.add_weighted("none_mean", torch.tensor(7.0), torch.tensor(0.0))
+    with host_reads() as seen:
+        out = acc.reduce(world_size=1)
+    assert out == {"train/gap_max": 2.0, "train/gap_mean": 7.0 / 4}
+    assert sum(seen.values()) == 1  # every value and weight in one read
