@@ -2,8 +2,11 @@
 
 All per-token outputs are ``[B, T]`` with masked positions exactly 0 (``torch.where``, so a
 ``-inf`` log-prob in padding never turns into NaN). Masks may be float, bool or int; advantages
-/ weights may be ``[B]``, ``[B, 1]`` or per-token ``[B, T]``. Metrics are plain Python floats
-computed over masked tokens only (0.0 when there are none).
+/ weights may be ``[B]``, ``[B, 1]`` or per-token ``[B, T]``. Metrics are computed over masked
+tokens only (0.0 when there are none) and are plain Python floats, read with one host sync per
+call; ``tensor_metrics=True`` returns them as detached 0-d float64 tensors instead (no sync: the
+learner reads every micro-batch's metrics once, at the end of its step). ``float(v)`` of such a
+tensor is the float the default returns.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 
 from .kl import KL_KINDS, kl_penalty
-from .metrics import masked_mean
+from .metrics import Metrics, masked_mean, metric_values
 
 __all__ = ["policy_loss", "weighted_nll_loss", "aggregate", "grpo_loss", "AGG_MODES"]
 
@@ -24,7 +27,6 @@ _LOG_RATIO_CLAMP = 20.0  # token log-ratio clamp before exp
 _SEQ_LOG_RATIO_MAX = 10.0  # GSPO sequence log-ratio clamp (verl)
 
 Number = Union[int, float, torch.Tensor]
-Metrics = Dict[str, float]
 
 
 def _bool_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -50,14 +52,6 @@ def _zeros_where_masked(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-def _floats(named: Dict[str, torch.Tensor]) -> Metrics:
-    """One device sync for all metrics."""
-    if not named:
-        return {}
-    vals = torch.stack([v.detach().to(torch.float64).reshape(()) for v in named.values()]).tolist()
-    return dict(zip(named.keys(), (float(v) for v in vals)))
-
-
 def policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -68,6 +62,7 @@ def policy_loss(
     clip_high: Optional[float] = 0.2,
     dual_clip: Optional[float] = None,
     ratio_level: str = "token",
+    tensor_metrics: bool = False,
 ) -> Tuple[torch.Tensor, Metrics]:
     """PPO/GRPO clipped surrogate, per token.
 
@@ -90,6 +85,7 @@ def policy_loss(
             all tokens of row i, applied per token as ``exp(logp - logp.detach() + log s_i.detach())``
             so gradients flow per token. With ``"seq-mean-token-mean"`` aggregation this gives
             exactly GSPO's sequence gradient ``s_i * mean_t grad logp_t``.
+        tensor_metrics: metrics as 0-d tensors, not floats (see the module's docstring).
 
     Returns:
         ``(per_token_loss [B, T], metrics)``. Metrics over masked tokens: ``clip_frac_low``
@@ -137,7 +133,7 @@ def policy_loss(
         has = m.any()
         rmax = torch.where(m, r, torch.full_like(r, -math.inf)).max() if r.numel() else r.new_zeros(())
         rmin = torch.where(m, r, torch.full_like(r, math.inf)).min() if r.numel() else r.new_zeros(())
-        metrics = _floats({
+        metrics = metric_values({
             "clip_frac_low": low.sum() / n,
             "clip_frac_high": high.sum() / n,
             "clip_frac": (low | high).sum() / n,
@@ -145,18 +141,19 @@ def policy_loss(
             "ratio_mean": masked_mean(r, m),
             "ratio_max": torch.where(has, rmax, torch.zeros_like(rmax)),
             "ratio_min": torch.where(has, rmin, torch.zeros_like(rmin)),
-        })
+        }, tensor_metrics)
     return per_token, metrics
 
 
 def weighted_nll_loss(
-    logp: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor
+    logp: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, *, tensor_metrics: bool = False
 ) -> Tuple[torch.Tensor, Metrics]:
     """The group-wise softmax-weighted variant's weighted negative log-likelihood, per token: ``-w_i * logp[i, t]``.
 
     Args:
         logp: ``[B, T]`` policy log-probs of the completions. weights: ``[B]`` / ``[B, 1]``
-            (e.g. :func:`softmax_weights`). mask: ``[B, T]``.
+            (e.g. :func:`softmax_weights`). mask: ``[B, T]``. tensor_metrics: metrics as 0-d
+            tensors, not floats (see the module's docstring).
 
     Returns:
         ``(per_token_loss [B, T], metrics)``; metrics: ``nll_token_mean`` (masked mean of -logp),
@@ -176,12 +173,12 @@ def weighted_nll_loss(
     per_token = _zeros_where_masked(-w * lp, m)
     with torch.no_grad():
         wd = w.detach()
-        metrics = _floats({
+        metrics = metric_values({
             "nll_token_mean": masked_mean(-lp.detach(), m),
             "seq_logp_mean": lp.detach().sum(-1).mean() if lp.shape[0] else lp.new_zeros(()),
             "weight_min": wd.min() if wd.numel() else wd.new_zeros(()),
             "weight_max": wd.max() if wd.numel() else wd.new_zeros(()),
-        })
+        }, tensor_metrics)
     return per_token, metrics
 
 
@@ -256,6 +253,7 @@ def grpo_loss(
     global_tokens: Optional[Number] = None,
     global_seqs: Optional[Number] = None,
     is_weights: Optional[torch.Tensor] = None,
+    tensor_metrics: bool = False,
 ) -> Tuple[torch.Tensor, Metrics]:
     """Full GRPO loss: ``aggregate(is_weights * policy_loss + beta * kl_penalty(logp, ref_logp))``.
 
@@ -265,8 +263,9 @@ def grpo_loss(
         mask: ``[B, T]``. is_weights: ``[B, T]`` / ``[B]`` / ``[B, 1]`` rollout importance
             weights (:func:`grpo_dist.algo.rollout_is_weights`; no gradient taken through them)
             multiplying the per-token policy loss only, not the KL term; None = 1 (bit for bit the
-            unweighted loss). Other keywords: see :func:`policy_loss`, :func:`kl_penalty`,
-            :func:`aggregate`.
+            unweighted loss). tensor_metrics: metrics as 0-d tensors, not floats (see the
+            module's docstring; the floats are read in one go, the policy's with the rest). Other
+            keywords: see :func:`policy_loss`, :func:`kl_penalty`, :func:`aggregate`.
 
     Returns:
         ``(loss 0-d tensor, metrics)``: the policy metrics plus ``loss``, ``loss_policy``
@@ -284,7 +283,7 @@ def grpo_loss(
         raise ValueError(f"ref_logp is required when beta != 0 (beta={beta})")
     per_token, metrics = policy_loss(
         logp, old_logp, advantages, mask,
-        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, ratio_level=ratio_level,
+        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, ratio_level=ratio_level, tensor_metrics=True,
     )
     m = _bool_mask(mask, logp)
     if is_weights is not None:
@@ -309,5 +308,4 @@ def grpo_loss(
             aggregate(kl_term.detach(), mask, **agg_kw) if kl_term is not None else loss.new_zeros(())
         )
         extra["loss"] = loss.detach()
-    metrics.update(_floats(extra))
-    return loss, metrics
+    return loss, metric_values({**metrics, **extra}, tensor_metrics)

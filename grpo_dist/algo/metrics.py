@@ -1,12 +1,14 @@
-"""Small metric helpers: unbiased pass@k and masked means."""
+"""Small metric helpers: unbiased pass@k, masked means, and the loss functions' metric dicts."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Dict, Mapping, Optional, Union
 
 import torch
 
-__all__ = ["pass_at_k", "masked_mean", "masked_sum"]
+__all__ = ["pass_at_k", "masked_mean", "masked_sum", "metric_values"]
+
+Metrics = Dict[str, Union[float, torch.Tensor]]
 
 
 def _as_count(name: str, value) -> int:
@@ -73,3 +75,14 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) 
         m = m.expand_as(x)
     count = m.sum() if dim is None else m.sum(dim=dim)
     return masked_sum(x, m, dim) / count.clamp(min=1).to(x.dtype)
+
+
+def metric_values(named: Mapping[str, torch.Tensor], tensors: bool = False) -> Metrics:
+    """The metrics a loss function returns: plain floats, all read with one host sync (the
+    default), or, with ``tensors``, the detached 0-d float64 tensors themselves and no sync, for a
+    caller that reads many micro-batches' metrics at once (the learner reads them once per step)."""
+    values = {k: v.detach().to(torch.float64).reshape(()) for k, v in named.items()}
+    if tensors or not values:
+        return values
+    read = torch.stack(list(values.values())).tolist()
+    return dict(zip(values.keys(), (float(v) for v in read)))

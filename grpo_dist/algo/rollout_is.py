@@ -38,11 +38,11 @@ and veto threshold are not implemented.
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
-from .metrics import masked_mean
+from .metrics import Metrics, masked_mean, metric_values
 
 __all__ = ["IS_MODES", "IS_LEVELS", "rollout_is_weights"]
 
@@ -59,7 +59,8 @@ def rollout_is_weights(
     level: str = "token",
     threshold: float = 2.0,
     threshold_low: Optional[float] = None,
-) -> Tuple[torch.Tensor, Dict[str, float]]:
+    tensor_metrics: bool = False,
+) -> Tuple[torch.Tensor, Metrics]:
     """Bounded importance weights ``pi_old / pi_behaviour`` for the per-token policy loss.
 
     Args:
@@ -78,6 +79,8 @@ def rollout_is_weights(
         threshold: upper bound ``C > 0`` (truncate: the cap; mask: the upper limit).
         threshold_low: lower limit of ``mask`` (default ``1 / threshold``); must be None for
             the other modes.
+        tensor_metrics: the metrics as detached 0-d float64 tensors (no host sync; ``float(v)``
+            is the float the default reads), for a caller that reads them once per step.
 
     Returns:
         ``(weights [B, T], metrics)``: weights in ``logp``'s float dtype, no grad, exactly 0 at
@@ -137,5 +140,4 @@ def rollout_is_weights(
             "is_ratio_max": torch.where(has, rmax, zero),
             frac_key: (out & m).sum().to(torch.float64) / m.sum().clamp(min=1).to(torch.float64),
         }
-        vals = torch.stack([v.to(torch.float64).reshape(()) for v in named.values()]).tolist()
-    return w, dict(zip(named.keys(), (float(v) for v in vals)))
+    return w, metric_values(named, tensor_metrics)

@@ -190,6 +190,11 @@ class Learner:
     def broadcast_weights(self, seq: int) -> dict[str, Any]:
         return self.broadcast.broadcast_weights(seq)
 
+    def weights_version(self) -> int:
+        """``version`` as a method (a Ray actor's properties cannot be called): the version the
+        weights a broadcast sends now carry (after a resume, the restored one)."""
+        return self.version
+
     def refresh_reference(self, mix: Optional[float] = None) -> dict[str, float]:
         """Mix the policy into the KL reference (``algo.ref_refresh_mix`` unless given); every rank."""
         self._ready()

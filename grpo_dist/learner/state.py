@@ -44,8 +44,8 @@ def reduction(name: str) -> str:
 
 
 class MetricAccumulator:
-    """Any metric name, reduced as :func:`reduction` says. Values may be floats or 0-d tensors:
-    tensors are read once, in ``reduce`` (one host sync per step, not one per micro-batch).
+    """Any metric name, reduced as :func:`reduction` says. Values and weights may be floats or 0-d
+    tensors: tensors are read once, in ``reduce`` (one host sync per step, not one per micro-batch).
 
     With several ranks every rank must have added the same names (they run the same code on
     their shards); ``reduce`` checks that with a hash of the names riding along in its
@@ -54,26 +54,28 @@ class MetricAccumulator:
     def __init__(self) -> None:
         self._entries: dict[str, list[tuple[Any, float]]] = {}
 
-    def add(self, metrics: Mapping[str, Any], tokens: float, seqs: float = 0.0) -> None:
+    def add(self, metrics: Mapping[str, Any], tokens: Any, seqs: Any = 0.0) -> None:
         """One micro-batch's ``metrics`` over ``tokens`` completion tokens and ``seqs`` sequences
-        (the weights of the means); a min / max over no tokens is left out."""
+        (the weights of the means; a float or a 0-d tensor); a min / max over no tokens is left
+        out (when the weights are read)."""
         for k, v in metrics.items():
             kind = reduction(k)
-            entries = self._entries.setdefault(k, [])  # the name exists on every rank, weight or not
-            if kind in ("max", "min") and tokens <= 0:
-                continue
-            entries.append((v, 1.0 if kind == "sum" else float(seqs) if kind == "seq" else float(tokens)))
+            self.add_weighted(k, v, 1.0 if kind == "sum" else seqs if kind == "seq" else tokens)
 
-    def add_weighted(self, key: str, value: Any, weight: float) -> None:
-        """``key``'s ``value`` with weight ``weight`` in its mean (the learner's own diagnostics)."""
-        self._entries.setdefault(key, []).append((value, float(weight)))
+    def add_weighted(self, key: str, value: Any, weight: Any) -> None:
+        """``key``'s ``value`` with weight ``weight`` (a float or a 0-d tensor) in its mean, or, for
+        a min / max, counted when the weight is > 0. The name exists on every rank, weight or not."""
+        self._entries.setdefault(key, []).append((value, weight if isinstance(weight, torch.Tensor) else float(weight)))
 
     def _read(self) -> dict[str, list[tuple[float, float]]]:
-        """Every value as a float: the tensors among them stacked and read in one go."""
-        tensors = [v for es in self._entries.values() for v, _ in es if isinstance(v, torch.Tensor)]
+        """Every value and weight as a float: the tensors among them stacked and read in one go."""
+        tensors = [x for es in self._entries.values() for e in es for x in e if isinstance(x, torch.Tensor)]
         read = iter(torch.stack([t.detach().reshape(()).double() for t in tensors]).tolist() if tensors else [])
-        return {k: [(next(read) if isinstance(v, torch.Tensor) else float(v), w) for v, w in es]
-                for k, es in self._entries.items()}
+
+        def value(x: Any) -> float:
+            return next(read) if isinstance(x, torch.Tensor) else float(x)
+
+        return {k: [(value(v), value(w)) for v, w in es] for k, es in self._entries.items()}
 
     def reduce(self, world_size: int, iterations: int = 1) -> dict[str, float]:
         """All-reduce over ranks (when ``world_size > 1``: one SUM and one MAX) and return
@@ -87,7 +89,8 @@ class MetricAccumulator:
         sums = ([sum(v * (1.0 if kinds[k] == "sum" else w) for v, w in values[k]) for k in summed]
                 + [sum(w for _, w in values[k]) for k in summed])
         # *_min rides along negated, so that one MAX reduction serves both
-        ext = [max(((v if kinds[k] == "max" else -v) for v, _ in values[k]), default=-math.inf) for k in extreme]
+        ext = [max(((v if kinds[k] == "max" else -v) for v, w in values[k] if w > 0), default=-math.inf)
+               for k in extreme]
         if world_size > 1:
             digest = float(zlib.crc32("\n".join(names).encode()))
             sums = all_reduce_floats(sums, "sum")

@@ -7,9 +7,11 @@ ranks is exactly the single-process whole-batch loss. DeepSpeed averages gradien
 so ``engine.backward(loss * world_size, scale_wrt_gas=False)`` makes the final gradient the
 gradient of that whole-batch loss (no division by the accumulation steps either).
 
-Host syncs: the learner's own metrics (entropy, behaviour log-prob gaps) stay tensors until the end
-of the step and are read in one go; the token counts of the loss's normalisation are read once per
-step, before the first forward; the gradient and parameter norms once each.
+Host syncs: every metric (the loss's and the importance weights', asked of ``grpo_dist.algo`` as
+tensors, and the learner's own: entropy, behaviour log-prob gaps) stays a 0-d tensor until the end
+of the step and is read in one go (``MetricAccumulator``); the token counts of the loss's
+normalisation are read once per step, before the first forward; the gradient norm once per
+optimizer step, the parameter norm once. None per micro-batch (tests/test_learner_syncs.py).
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ class TrainStep:
                 if use_is and is_w[i] is None:
                     is_w[i], is_metrics = rollout_is_weights(
                         old_i, mb.behaviour_logp, mb.mask, a.rollout_is, a.rollout_is_level,
-                        a.rollout_is_threshold, a.rollout_is_threshold_low)
+                        a.rollout_is_threshold, a.rollout_is_threshold_low, tensor_metrics=True)
                     acc.add(is_metrics, counts[i], len(mb.lengths))
                 loss, metrics = compute_loss(a, logp, old_i, ref_i, mb.advantages, mb.mask, max_len=max_len,
                                              global_tokens=global_tokens, global_seqs=global_seqs,
@@ -178,12 +180,12 @@ class TrainStep:
         if mb.behaviour_logp is not None and any(mb.lengths):
             # the tokens the loss sees: not the environment tokens of a multi-turn trajectory (they
             # have no behaviour log-prob); with algo.top_entropy_frac < 1, the high-entropy ones
+            # (their count stays a tensor too: a micro-batch without any weighs 0 when it is read)
             v = mb.valid & (mb.mask > 0)
-            nv = float(v.sum())
-            if nv > 0:
-                diff = torch.where(v, (logp - mb.behaviour_logp).abs(), torch.zeros((), dtype=logp.dtype))
-                acc.add({"logprob_diff_behaviour_max": diff.max()}, nv)
-                acc.add_weighted("logprob_diff_behaviour_mean", diff.sum() / nv, nv)
+            nv = v.sum()
+            diff = torch.where(v, (logp - mb.behaviour_logp).abs(), torch.zeros((), dtype=logp.dtype))
+            acc.add({"logprob_diff_behaviour_max": diff.max()}, nv)
+            acc.add_weighted("logprob_diff_behaviour_mean", diff.sum() / nv.clamp(min=1), nv)
 
     def _full_grads(self) -> list[Optional[torch.Tensor]]:
         """Gradients at the accumulation boundary, before clipping and the optimizer step (for the

@@ -39,6 +39,16 @@ def _node_ip() -> Optional[str]:
         return None
 
 
+def _named(version: Optional[int], seq: int, epoch: int) -> int:
+    """The version a broadcast on the NCCL path is served as: the driver's (vLLM's transfer carries
+    none; ``CollectiveSync.restore`` asks the learner for its version first)."""
+    if version is None:
+        raise ValueError(f"weight broadcast {seq} of group {epoch} came with no version: vLLM's NCCL weight "
+                         f"transfer carries none, so the driver must name the version it sends "
+                         f"(receive_weights(seq, epoch, version))")
+    return int(version)
+
+
 class WeightGroupMember:
     _wg_epoch = 0
     _wg_seq = 0
@@ -71,8 +81,10 @@ class WeightGroupMember:
 
     def receive_weights(self, seq: int, epoch: int, version: Optional[int] = None) -> dict[str, Any]:
         """Receive broadcast ``seq`` of group ``epoch`` and serve it from now on (``version``: the
-        driver's, needed on the NCCL path; the gloo path reads the learner's from the broadcast).
-        A colocated engine asleep wakes its weights first, its KV cache after."""
+        driver's, needed on the NCCL path, whose transfer carries none: without it the engine
+        still takes its part of the transfer, so no peer waits, then raises ValueError; the gloo
+        path reads the learner's from the broadcast). A colocated engine asleep wakes its weights
+        first, its KV cache after."""
         if epoch != self._wg_epoch:  # sent on a group replaced since: the new one re-sends
             return {"version": self.version, "bytes": 0, "seconds": 0.0, "skipped": 1.0}
         t0 = time.perf_counter()
@@ -84,7 +96,7 @@ class WeightGroupMember:
             llm.collective_rpc("start_weight_update")
             llm.collective_rpc("update_weights", kwargs={"update_info": nccl_api.update_info(self._wg_manifest)})
             llm.collective_rpc("finish_weight_update")
-            out = {"version": version, "merge_s": 0.0}
+            out = {"version": _named(version, seq, epoch), "merge_s": 0.0}
         else:
             out = llm.collective_rpc("grpo_receive_weights", timeout=self._wg_rpc_timeout(), kwargs={"seq": seq})[0]
         llm.reset_prefix_cache()
@@ -136,7 +148,7 @@ class StreamingWeightGroupMember(WeightGroupMember):
                 await llm.collective_rpc("start_weight_update")
                 await llm.collective_rpc("update_weights", kwargs={"update_info": nccl_api.update_info(self._wg_manifest)})
                 await llm.collective_rpc("finish_weight_update")
-                return {"version": version, "merge_s": 0.0}
+                return {"version": _named(version, seq, epoch), "merge_s": 0.0}
             return (await llm.collective_rpc("grpo_receive_weights", timeout=self._wg_rpc_timeout(),
                                              kwargs={"seq": seq}))[0]
 

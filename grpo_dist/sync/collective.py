@@ -114,7 +114,7 @@ class CollectiveSync(WeightSync):
         done = self.settle(block=wait)
         return self._metrics(version, done, self.learner_done[before:])
 
-    def _issue(self, version: Optional[int]) -> None:
+    def _issue(self, version: int) -> None:
         self.seq, self.pushed = self.seq + 1, True
         L, E = self.learners, self.engines
         lrefs = L.call("broadcast_weights", self.seq)  # every rank; rank 0 sends
@@ -123,8 +123,7 @@ class CollectiveSync(WeightSync):
                  for r, a in enumerate(E.actors)]
         self.loads += loads
         self.inflight += [(lrefs[0], "learner", 0)] + [(ld.ref, "rollout", ld.rank) for ld in loads]
-        if version is not None:
-            self.version = version
+        self.version = version
 
     def settle(self, block: bool = False) -> list[dict]:
         """The engines' answers that are in (all of them with ``block``); the learner's are kept
@@ -191,9 +190,13 @@ class CollectiveSync(WeightSync):
             self.settle(block=True)
 
     def restore(self) -> int:
-        """After a resume: every engine gets the learner's restored weights; their version."""
+        """After a resume: every engine gets the learner's restored weights, sent with their
+        version (learner rank 0's, asked first: vLLM's NCCL transfer carries none); their version."""
+        L = self.learners
+        version = int(L.get([L.actors[0].weights_version.remote()], timeout=self.timeout, ranks=[0])[0])
+
         def go() -> list[dict]:
-            self._issue(None)
+            self._issue(version)
             return self.settle(block=True)
 
         results = self.recovery.run(go) if self.recovery is not None else go()

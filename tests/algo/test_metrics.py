@@ -47,3 +47,27 @@ def test_masked_mean_and_sum():
     assert masked_mean(x, m.float(), dim=-1).tolist() == [1.5, 5.0]
     assert masked_mean(x, torch.zeros(2, 3)).item() == 0.0
     assert masked_mean(x, torch.tensor([[0, 0, 0], [1, 0, 0]]), dim=-1).tolist() == [0.0, 4.0]
+
+
+def test_loss_metrics_as_tensors_are_the_floats_unread():
+    """tensor_metrics=True: the same names, as detached 0-d float64 tensors (nothing read to the
+    host); float() of each is exactly the float the default returns."""
+    from grpo_dist.algo import grpo_loss, policy_loss, rollout_is_weights, weighted_nll_loss
+
+    g = torch.Generator().manual_seed(0)
+    logp = (-torch.rand(3, 5, generator=g, dtype=torch.float64) * 2).requires_grad_()
+    old, ref = logp.detach() + 0.3 * torch.randn(3, 5, generator=g, dtype=torch.float64), logp.detach() - 0.1
+    adv, mask = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64), torch.tensor([[1] * 5, [1] * 3 + [0] * 2, [0] * 5])
+    calls = {
+        "policy_loss": lambda **kw: policy_loss(logp, old, adv, mask, dual_clip=3.0, **kw),
+        "weighted_nll_loss": lambda **kw: weighted_nll_loss(logp, adv, mask, **kw),
+        "grpo_loss": lambda **kw: grpo_loss(logp, old, ref, adv, mask, is_weights=torch.ones(3, 5), **kw),
+        "rollout_is_weights": lambda **kw: rollout_is_weights(old, logp.detach(), mask, "mask", **kw),
+    }
+    for name, call in calls.items():
+        floats, tensors = call()[1], call(tensor_metrics=True)[1]
+        assert floats and list(tensors) == list(floats), name
+        assert all(type(v) is float for v in floats.values()), name
+        for k, t in tensors.items():
+            assert isinstance(t, torch.Tensor) and t.shape == () and t.dtype == torch.float64, (name, k)
+            assert not t.requires_grad and float(t) == floats[k], (name, k)
