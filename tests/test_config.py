@@ -99,6 +99,8 @@ def test_packing_off_as_typed():
     (["--algo.ref_refresh_mix", "0"], "algo.ref_refresh_mix", "greater than 0"),
     (["--rollout.dtype", "int8"], "rollout.dtype", "bfloat16"),
     (["--algo.ref_refresh_mix", "1.5"], "algo.ref_refresh_mix", "less than or equal to 1"),
+    (["--rollout.streaming", "true", "--rollout.engine_in_process", "true"], "rollout.engine_in_process",
+     "async engine"),
 ])
 def test_bad_config_is_one_line_naming_the_key(overrides, key, words):
     with pytest.raises(ConfigError) as e:
@@ -107,6 +109,16 @@ def test_bad_config_is_one_line_naming_the_key(overrides, key, words):
     assert "\n" not in msg
     assert msg.startswith(f"{key}:"), msg
     assert words in msg, msg
+
+
+@pytest.mark.parametrize("overrides,expect", [
+    ([], True),  # CPU: the engine core in the rollout actor's process
+    (["--rollout.streaming", "true"], False),  # vLLM's async engine: a process of its own
+    (["--cluster.rollout_gpus", "1"], False),  # GPU: vLLM's default
+    (["--rollout.engine_in_process", "false"], False),
+])
+def test_engine_in_process_resolves_by_device_and_pipeline(overrides, expect):
+    assert load_config(ROOT / "configs/tiny_cpu.yaml", overrides).rollout.engine_in_process is expect
 
 
 def test_bad_yaml_file(tmp_path):

@@ -41,6 +41,12 @@ class RolloutConfig(Section):
                                           "false on CPU: vLLM compiles the model (inductor's C++ backend): engines start "
                                           "later, then generate faster than eager (benchmarks/NOTES.md); "
                                           "for long runs.")
+    engine_in_process: Optional[bool] = Field(
+        None, description="Run vLLM's engine core inside the rollout actor's process (null = true on CPU, false when "
+        "cluster.rollout_gpus > 0). In the actor: no engine-core and worker processes to start (the engine starts "
+        "sooner and holds less memory), and a dead engine is a dead actor, which recovery replaces. In its own "
+        "process (vLLM's default): the scheduler overlaps the model's steps, what GPUs want. The streaming "
+        "pipeline's async engine always has a process of its own (true is refused with rollout.streaming).")
     max_loras: int = Field(1, gt=0, description="Adapters vLLM keeps resident (old versions are evicted).")
     hf_max_batch_size: int = Field(128, gt=0, description="rollout.backend hf: rows (prompts x samples) decoded "
                                    "together; a call is cut into chunks of at most this many (lower it if the "

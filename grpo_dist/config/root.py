@@ -136,6 +136,11 @@ class Config(Section):
             self.model.dtype = "bfloat16" if gpu_roll or c.learner_gpus > 0 else "float32"
         if self.rollout.enforce_eager is None:
             self.rollout.enforce_eager = not gpu_roll
+        if self.rollout.streaming and self.rollout.engine_in_process:
+            raise _KeyError("rollout.engine_in_process", "true needs the batch pipeline: vLLM's async engine "
+                            "(rollout.streaming) runs its core in a process of its own; leave it null")
+        if self.rollout.engine_in_process is None:
+            self.rollout.engine_in_process = not gpu_roll and not self.rollout.streaming
         if self.rollout.gpu_memory_utilization is None:
             colocated = getattr(c, "layout", "disaggregated") == "colocated"
             self.rollout.gpu_memory_utilization = (0.3 if not gpu_roll else GPU_MEM_COLOCATED if colocated

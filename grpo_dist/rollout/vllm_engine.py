@@ -142,12 +142,39 @@ def to_sample(c, tokenizer=None) -> Sample:
     return Sample(token_ids=ids, text=text, logprobs=lps, finish_reason="length" if c.finish_reason == "length" else "stop")
 
 
+def in_process_llm(kwargs: dict):
+    """``vllm.LLM(**kwargs)`` with its engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING``
+    0, the one-process executor): no engine-core and worker processes to spawn, each importing
+    torch and vLLM again, so the engine starts sooner and holds less memory, and a dead engine is a
+    dead actor. vLLM reads the variable when the engine is built and then caches every ``VLLM_*``
+    variable of the process (``vllm.envs.enable_envs_cache``): the variable is put back and the
+    cache dropped afterwards, so a later engine of this process reads its own settings again."""
+    from vllm import LLM
+    from vllm import envs as vllm_envs
+
+    key = "VLLM_ENABLE_V1_MULTIPROCESSING"
+    before = os.environ.get(key)
+    os.environ[key] = "0"
+    vllm_envs.disable_envs_cache()
+    try:
+        return LLM(**kwargs, distributed_executor_backend="uni")
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+        vllm_envs.disable_envs_cache()
+
+
 class VLLMGenerator(Generator):
-    def __init__(self, model_path: str, *, enable_lora: bool = True, **kw):
+    def __init__(self, model_path: str, *, enable_lora: bool = True, in_process: bool = False, **kw):
+        """``in_process``: the engine core runs in this process (:func:`in_process_llm`), else in
+        vLLM's own engine-core process (its default; on GPUs its scheduler overlaps the steps)."""
         from vllm import LLM
 
         kwargs = engine_kwargs(model_path, enable_lora=enable_lora, **kw)
-        self.llm = LLM(**kwargs)
+        self.in_process = in_process
+        self.llm = in_process_llm(kwargs) if in_process else LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self._lora = None  # the LoRARequest being served
         self.enable_lora = enable_lora

@@ -41,7 +41,7 @@ def make_generator(cfg: Config, seed: int) -> Generator:
         from grpo_dist.rollout.vllm_engine import VLLMGenerator
 
         kw = generator_kwargs(cfg, seed)
-        return VLLMGenerator(kw.pop("model_path"), **kw)
+        return VLLMGenerator(kw.pop("model_path"), in_process=bool(cfg.rollout.engine_in_process), **kw)
     from grpo_dist.rollout.hf_engine import HFGenerator
 
     return HFGenerator(cfg.model.path, max_batch_size=cfg.rollout.hf_max_batch_size,

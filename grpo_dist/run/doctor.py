@@ -161,7 +161,11 @@ def _child_vllm(model_dir: str) -> Result:
 
     make_tiny_model(model_dir, size="tiny", seed=0, log=None)
     t0 = time.perf_counter()
-    eng = VLLMGenerator(model_dir, enable_lora=False, max_model_len=64, cpu_kvcache_gb=1)
+    import torch
+
+    # as a run's rollout actor builds it: the engine core in this process on CPU (rollout.engine_in_process)
+    eng = VLLMGenerator(model_dir, enable_lora=False, max_model_len=64, cpu_kvcache_gb=1,
+                        in_process=not torch.cuda.is_available())
     built = time.perf_counter() - t0
     try:
         ids = eng.tokenizer("12+34=")["input_ids"]
