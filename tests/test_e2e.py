@@ -251,7 +251,10 @@ def test_summary_reports_peak_memory_per_role_and_metrics_per_step(run):
     assert set(peak) == {"learner", "rollout", "reward", "driver"}
     assert all(0.05 < v < 16 for v in peak.values()), peak
     engine = ray.get(trainer.workers.rollout.actors[0].peak_rss.remote())
-    assert engine["children"] > 0  # vLLM's engine process(es), counted
-    # the summary counted the engine's processes (most of the role's memory); the tests before this
-    # one used the engines further, so today's peaks may be a little higher than the summary's
-    assert peak["rollout"] * 2**30 >= 0.8 * (engine["self"] + engine["children"]) > engine["self"]
+    if trainer.cfg.rollout.engine_in_process:  # the CPU default: vLLM's engine core in the actor
+        assert engine["children"] == 0 and engine["self"] > 2**28, engine  # no engine process; vLLM's memory is the actor's
+    else:
+        assert engine["children"] > 0  # vLLM's engine process(es), counted
+    # the summary counted the engine's memory (most of the role's); the tests before this one used
+    # the engines further, so today's peaks may be a little higher than the summary's
+    assert peak["rollout"] * 2**30 >= 0.8 * (engine["self"] + engine["children"])

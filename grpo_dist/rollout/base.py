@@ -62,3 +62,22 @@ class Generator(abc.ABC):
 
     def close(self) -> None:  # pragma: no cover - backends override when they hold resources
         pass
+
+
+def generate_each(engine: Generator, prompt_ids: list[list[int]], specs: list[SamplingSpec],
+                  seeds: list[int | None]) -> list[Sample]:
+    """One sample per request (``prompt_ids[i]`` sampled under ``specs[i]`` with seed ``seeds[i]``),
+    as few engine calls as the requests allow: one per distinct sampling (token limit,
+    temperature, top-p, top-k, stop strings), seeded per request when every request of that call
+    has a seed. The one batching of the multi-turn loop and of user rollout functions."""
+    calls: dict[tuple, list[int]] = {}
+    for i, s in enumerate(specs):
+        calls.setdefault((s.max_tokens, s.temperature, s.top_p, s.top_k, tuple(s.stop)), []).append(i)
+    out: list[Sample | None] = [None] * len(specs)
+    for idx in calls.values():
+        spec = specs[idx[0]]
+        call_seeds = None if any(seeds[i] is None for i in idx) else [[seeds[i]] for i in idx]
+        samples = engine.generate([prompt_ids[i] for i in idx], spec, seeds=call_seeds)
+        for i, (s,) in zip(idx, samples):
+            out[i] = s
+    return out  # type: ignore[return-value]

@@ -37,7 +37,7 @@ from typing import Any
 
 from grpo_dist.envs.base import run
 from grpo_dist.envs.registry import EnvSource
-from grpo_dist.rollout.base import Generator, SamplingSpec
+from grpo_dist.rollout.base import Generator, SamplingSpec, generate_each
 from grpo_dist.rollout.trajectory import (Trajectory, encoder_for, expired, finish, open_trajectory, reset, step,
                                           to_rollout, turn_seed, turn_spec)
 from grpo_dist.types import RolloutGroup
@@ -75,17 +75,9 @@ async def _gather(coros: list) -> list:
 
 
 def _generate(engine: Generator, active: list[Trajectory], spec: SamplingSpec, lim, max_model_len: int) -> list:
-    """One turn for every trajectory, one engine call per distinct (token limit, stop strings);
-    returns ``Trajectory.take``'s answer for each."""
-    batches: dict[tuple, list[int]] = {}
+    """One turn for every trajectory (one engine call per distinct token limit and stop strings:
+    :func:`~grpo_dist.rollout.base.generate_each`); returns ``Trajectory.take``'s answer for each."""
     specs = [turn_spec(t, spec, lim, max_model_len) for t in active]
-    for i, one in enumerate(specs):
-        batches.setdefault((one.max_tokens, tuple(one.stop)), []).append(i)
-    out: list[Any] = [None] * len(active)
-    for idx in batches.values():
-        one, ts = specs[idx[0]], [active[i] for i in idx]
-        seeds = None if any(t.seed is None for t in ts) else [[turn_seed(t.seed, t.turns)] for t in ts]
-        samples = engine.generate([t.prompt_ids + t.ids for t in ts], one, seeds=seeds)
-        for i, t, (s,) in zip(idx, ts, samples):
-            out[i] = t.take(s, one.max_tokens, spec, lim, engine.tokenizer)
-    return out
+    seeds = [None if t.seed is None else turn_seed(t.seed, t.turns) for t in active]
+    samples = generate_each(engine, [t.prompt_ids + t.ids for t in active], specs, seeds)
+    return [t.take(s, one.max_tokens, spec, lim, engine.tokenizer) for t, s, one in zip(active, samples, specs)]

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from grpo_dist.envs.base import acall, env_loop, run
-from grpo_dist.rollout.base import Generator, SamplingSpec
+from grpo_dist.rollout.base import Generator, SamplingSpec, generate_each
 from grpo_dist.rollout.trajectory import turn_seed
 from grpo_dist.types import TOOL_COUNTERS, Rollout, RolloutGroup
 from grpo_dist.util.plugins import load_object
@@ -98,17 +98,9 @@ class _Batcher:
                         fut.set_result(out)
 
     def _generate(self, batch: list) -> list[Generation]:
-        by_spec: dict[tuple, list[int]] = {}
-        for i, (_, s, _, _) in enumerate(batch):
-            by_spec.setdefault((s.max_tokens, s.temperature, s.top_p, s.top_k, tuple(s.stop)), []).append(i)
-        out: list[Any] = [None] * len(batch)
-        for idx in by_spec.values():
-            spec = batch[idx[0]][1]
-            seeds = None if any(batch[i][2] is None for i in idx) else [[batch[i][2]] for i in idx]
-            samples = self.engine.generate([batch[i][0] for i in idx], spec, seeds=seeds)
-            for i, (s,) in zip(idx, samples):
-                out[i] = Generation(list(s.token_ids), list(s.logprobs), s.text, s.finish_reason)
-        return out
+        samples = generate_each(self.engine, [ids for ids, *_ in batch], [s for _, s, *_ in batch],
+                                [seed for _, _, seed, _ in batch])
+        return [Generation(list(s.token_ids), list(s.logprobs), s.text, s.finish_reason) for s in samples]
 
 
 class EngineClient:
