@@ -11,7 +11,7 @@ from grpo_dist.envs import EnvLimits
 from grpo_dist.envs.base import run
 from grpo_dist.envs.builtin import CalculatorEnv
 from grpo_dist.rollout.base import Sample, SamplingSpec
-from grpo_dist.rollout.trajectory import Trajectory
+from grpo_dist.rollout.trajectory import Trajectory, encoder_for, open_trajectory, sanity
 from grpo_dist.types import PromptRecord
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*7"}}\n</tool_call>'
@@ -42,3 +42,20 @@ def test_a_tool_call_written_in_special_tokens_reaches_the_parser():
     step = run(env.step(text))
     assert step.info["tool_calls"] == 1 and [m["content"] for m in step.messages] == ["84"]
 
+
+def test_env_sanity_of_a_trajectory_that_ends_on_environment_tokens(bpe_tok):
+    """A trajectory stopped after a tool turn (its clock ran out) ends on the tool result and the
+    next assistant header: a faithful build, no mismatch to report; nor after a final answer."""
+    tok = bpe_tok
+    env = CalculatorEnv(system_prompt="Use the calculator.", limits=EnvLimits())
+    rec = PromptRecord(0, "q", {"question": "What is 12*7?", "answer": "84"})
+    t = open_trajectory(tok, rec, [], None, env, env.reset(rec))
+    lim = EnvLimits(sanity=True)
+    cut, text = t.take(_sample(tok, CALL, []), 48, SamplingSpec(n=1, max_tokens=48), lim, tok)
+    assert t.advance(cut, text, run(env.step(text)), lim, tok, encoder_for(tok), 1024)
+    assert t.mask[-1] == 0 and tok.decode(t.ids).endswith("<|im_start|>assistant\n")
+    t.stop_reason = "timeout"
+    assert sanity(tok, t) == -1
+    t.take(_sample(tok, "The answer is 84.", [tok.eos_token_id]), 48, SamplingSpec(n=1, max_tokens=48), lim, tok)
+    t.stop_reason = "done"
+    assert sanity(tok, t) == -1

@@ -212,10 +212,12 @@ def sanity(tok: Any, t: Trajectory) -> int:
     built = t.prompt_ids + t.ids
     if t.messages is not None:
         msgs = list(t.messages)
-        if t.mask and t.mask[-1] == 1:  # the last turn, not followed by environment messages yet
+        sampled_last = bool(t.mask) and t.mask[-1] == 1
+        if sampled_last:  # the last turn, not followed by environment messages yet
             last = len(t.mask) - t.mask[::-1].index(0) if 0 in t.mask else 0
             msgs.append({"role": "assistant", "content": said(tok, t.ids[last:])})
-        text = render(tok, msgs, tools=t.tools)
+        # ended on the environment's messages (or the opening): the built ids end on the next assistant header
+        text = render(tok, msgs, generation_prompt=not sampled_last, tools=t.tools)
         ref = tok(text, add_special_tokens=False)["input_ids"]
     else:
         ref = tok(tok.decode(built, skip_special_tokens=False), add_special_tokens=False)["input_ids"]
