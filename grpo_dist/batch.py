@@ -45,15 +45,16 @@ def zero_spread(rewards: list[float]) -> bool:
 
 
 def build_batch(groups: list[RolloutGroup], scores: RewardResult, group_size: int, algo: AlgoConfig,
-                max_tokens: int) -> tuple[TrainBatch, dict[str, float]]:
-    """Flatten groups (contiguous), shape rewards, compute advantages; also the rollout metrics."""
+                max_tokens: int, all_tokens: bool = False) -> tuple[TrainBatch, dict[str, float]]:
+    """Flatten groups (contiguous), shape rewards, compute advantages; also the rollout metrics.
+    Overlong shaping compares ``max_tokens`` with the sampled tokens, or with every completion
+    token (``all_tokens``: environment ones too); ``RolloutConfig.overlong_budget`` gives both."""
     rollouts = [r for g in groups for r in g.rollouts]
     if any(len(g.rollouts) != group_size for g in groups):
         raise ValueError(f"every group must hold group_size={group_size} completions")
     rewards = list(scores.total)
-    # multi-turn: the tokens sampled over all assistant turns, max_tokens the trajectory's (RolloutConfig.sampled_budget)
-    shaping = [overlong_penalty(r.sampled_length, max_tokens, algo.overlong_buffer, algo.overlong_penalty)
-               for r in rollouts]
+    shaping = [overlong_penalty(len(r.completion_ids) if all_tokens else r.sampled_length, max_tokens,
+                                algo.overlong_buffer, algo.overlong_penalty) for r in rollouts]
     shaped = [x + s for x, s in zip(rewards, shaping)]
     adv = compute_advantages(shaped, group_size, algo)
     masks = None  # all ones unless a trajectory holds environment tokens or truncated ones are masked

@@ -43,7 +43,8 @@ def shape(groups, scores, run: Run, metrics: dict[str, float], learner_version: 
     """The learner's batch (rewards shaped, advantages per sequence); every sample at most
     ``trainer.max_staleness`` versions behind the learner that trains on it."""
     cfg = run.cfg
-    batch, m = build_batch(groups, scores, cfg.rollout.group_size, cfg.algo, cfg.rollout.sampled_budget)
+    budget, all_tokens = cfg.rollout.overlong_budget
+    batch, m = build_batch(groups, scores, cfg.rollout.group_size, cfg.algo, budget, all_tokens)
     metrics.update(m)
     try:
         metrics.update(staleness_metrics(batch.adapter_versions, learner_version, cfg.trainer.max_staleness))

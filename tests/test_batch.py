@@ -104,3 +104,26 @@ def test_the_sampled_budget_of_a_trajectory():
     assert r.sampled_budget == 40
     r = load_config(None, {"rollout": {"max_tokens": 8, "rollout_fn": "m:f", "max_turns": 2}}).rollout
     assert r.multi_turn and r.sampled_budget == 16
+
+
+def test_overlong_shaping_fires_in_the_calculator_config():
+    """configs/calculator_smollm2.yaml cuts a trajectory at max_total_tokens, environment tokens
+    included; the dapo preset's shaping must count the same tokens (sampled ones alone never reach
+    the buffer: 3 turns x 48 <= 192 - 48)."""
+    from pathlib import Path
+
+    cfg = load_config(Path(__file__).parents[1] / "configs" / "calculator_smollm2.yaml", ["--algo.preset", "dapo"])
+    budget, all_tokens = cfg.rollout.overlong_budget
+    assert (budget, all_tokens) == (192, True) and cfg.algo.overlong_buffer == 0.25
+
+    def traj(total, sampled, stop):
+        return Rollout(prompt_id=0, prompt="p", prompt_ids=[1, 2], completion="c", completion_ids=[5] * total,
+                       logprobs=[-1.0] * total, finish_reason="length", adapter_version=0,
+                       loss_mask=[1] * sampled + [0] * (total - sampled), turns=3, stop_reason=stop)
+
+    g = [RolloutGroup(prompt_id=0, rollouts=[traj(180, 100, "budget"), traj(60, 40, "done")])]
+    _, m = build_batch(g, scores([1, 1]), 2, cfg.algo, budget, all_tokens=all_tokens)
+    assert m["rollout/overlong_penalty_mean"] == pytest.approx(overlong_penalty(180, 192, 0.25, 1.0) / 2)
+    assert overlong_penalty(180, 192, 0.25, 1.0) == pytest.approx(-0.75)
+    single = load_config(None, ["--algo.preset", "dapo", "--rollout.max_tokens", "32"]).rollout
+    assert single.overlong_budget == (32, False)

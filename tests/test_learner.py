@@ -317,6 +317,16 @@ def test_collate_alignment():
     assert c.behaviour_logp.tolist() == [[-1.0, -2.0, 0.0], [-3.0, -4.0, -5.0]]
 
 
+def test_collate_refuses_a_behaviour_row_of_the_wrong_length():
+    from grpo_dist.learner import collate
+
+    b = TrainBatch(prompt_ids=[[1, 5], [1, 7]], completion_ids=[[8, 9], [10, 11, 12]],
+                   behaviour_logprobs=[[-1.0, -2.0], [-3.0, -4.0]], advantages=[1.0, -1.0])
+    with pytest.raises(ValueError, match="behaviour_logprobs row 1 has 2 values for 3 completion tokens"):
+        collate(b, pad_id=0)
+    assert collate(b, rows=range(0, 1), pad_id=0).behaviour_logp.tolist() == [[-1.0, -2.0]]
+
+
 @pytest.fixture(scope="module")
 def zero0_run(tiny_model_dir):
     return _two_steps_and_refresh(tiny_model_dir, 0)

@@ -131,3 +131,20 @@ def test_a_real_run_trains_on_what_it_returned(pretrained_model_dir, tmp_path, r
     assert rows and [m["role"] for m in returned[0]["messages"]] == ["assistant", "user", "assistant"]
     row = dict(zip(cols, rows[0]))
     assert row["turns"] == 2 and row["stop_reason"] == "done" and "[user]  2+2=" in row["conversation"]
+
+
+def test_sampling_that_differs_from_the_runs_is_refused():
+    """The learner scores every token at rollout.temperature (top_p, top_k as the engine sampled):
+    a call sampling otherwise would train on log-probs of another distribution."""
+    import asyncio
+
+    from grpo_dist.rollout.base import SamplingSpec
+    from grpo_dist.rollout.user_fn import EngineClient
+
+    run = SamplingSpec(n=2, temperature=0.7, top_p=0.9, top_k=20, max_tokens=8)
+    client = EngineClient(None, None, [1, 2], run, 3, 64, None)
+    for key, value in (("temperature", 1.0), ("top_p", 1.0), ("top_k", -1)):
+        with pytest.raises(ValueError, match=rf"generate: {key}={value} differs from rollout.{key} "):
+            asyncio.run(client.agenerate([1, 2], **{key: value}))
+    same = client._spec([1, 2], 4, 0.7, 0.9, 20, None)
+    assert (same.temperature, same.top_p, same.top_k, same.max_tokens) == (0.7, 0.9, 20, 4) and client.calls == 0

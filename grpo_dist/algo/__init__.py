@@ -7,7 +7,7 @@ from .advantages import group_advantages, group_reward_stats, rloo_advantages, s
 from .kl import KL_KINDS, kl_penalty, naive_kl
 from .logprobs import entropy_from_logits, selective_log_softmax
 from .losses import AGG_MODES, aggregate, grpo_loss, policy_loss, weighted_nll_loss
-from .metrics import masked_mean, masked_sum, pass_at_k
+from .metrics import masked_mean, masked_sum, pass_at_k, quantile
 from .rollout_is import IS_LEVELS, IS_MODES, rollout_is_weights
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "naive_kl",
     "pass_at_k",
     "policy_loss",
+    "quantile",
     "rloo_advantages",
     "rollout_is_weights",
     "selective_log_softmax",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import Dict, Mapping, Optional, Union
 
+import numpy as np
 import torch
 
-__all__ = ["pass_at_k", "masked_mean", "masked_sum", "metric_values"]
+__all__ = ["pass_at_k", "masked_mean", "masked_sum", "metric_values", "quantile"]
 
 Metrics = Dict[str, Union[float, torch.Tensor]]
 
@@ -86,3 +88,29 @@ def metric_values(named: Mapping[str, torch.Tensor], tensors: bool = False) -> M
         return values
     read = torch.stack(list(values.values())).tolist()
     return dict(zip(values.keys(), (float(v) for v in read)))
+
+
+def quantile(x: torch.Tensor, q: float) -> torch.Tensor:
+    """The ``q`` quantile of the values of ``x`` (any shape, flattened), interpolated linearly
+    between the two nearest ranks as ``torch.quantile`` does; a 0-d tensor of ``x``'s dtype.
+    A selection (numpy's introselect, linear time), so any size works: ``torch.quantile``
+    refuses inputs of more than 2**24 values, and ``torch.kthvalue`` takes quadratic time on some
+    orders (the smallest value of a descending tensor).
+
+    Raises:
+        ValueError: ``x`` empty or ``q`` outside ``[0, 1]``.
+    """
+    if x.numel() == 0:
+        raise ValueError("quantile of an empty tensor")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must lie in [0, 1], got {q}")
+    v = x.detach().flatten().cpu()
+    v = (v if v.dtype in (torch.float32, torch.float64) else v.float()).numpy()
+    pos = q * (v.size - 1)
+    lo = int(math.floor(pos))
+    hi, w = min(lo + 1, v.size - 1), pos - lo
+    part = np.partition(v, (lo, hi))  # introselect: linear time whatever the order of the values
+    low = torch.tensor(part[lo], dtype=x.dtype)
+    if hi == lo or w == 0.0:
+        return low
+    return torch.lerp(low, torch.tensor(part[hi], dtype=x.dtype), w)

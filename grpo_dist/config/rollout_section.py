@@ -102,12 +102,22 @@ class RolloutConfig(Section):
 
     @property
     def sampled_budget(self) -> int:
-        """Tokens one trajectory samples at most (the length ``algo.overlong_buffer`` and
-        ``algo.max_len`` refer to): max_tokens; multi-turn, over all assistant turns,
-        max_total_tokens (environment tokens count against it too) else max_turns * max_tokens."""
+        """Tokens one trajectory samples at most (the length ``algo.max_len`` refers to):
+        max_tokens; multi-turn, over all assistant turns, max_total_tokens (environment tokens
+        count against it too) else max_turns * max_tokens."""
         if not self.multi_turn:
             return self.max_tokens
         return self.max_total_tokens or self.max_turns * self.max_tokens
+
+    @property
+    def overlong_budget(self) -> tuple[int, bool]:
+        """``(budget, all_tokens)`` of ``algo.overlong_buffer``: the length that cuts a trajectory
+        and whether it counts every completion token. Multi-turn with max_total_tokens: that
+        budget over all tokens, environment ones included (as the cut counts them; the sampled
+        ones alone may never reach the buffer); else ``sampled_budget`` over sampled tokens."""
+        if self.multi_turn and self.max_total_tokens:
+            return self.max_total_tokens, True
+        return self.sampled_budget, False
 
     @field_validator("group_size")
     @classmethod

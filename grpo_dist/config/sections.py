@@ -118,8 +118,9 @@ class AlgoConfig(Section):
     dynamic_sampling: bool = Field(False, description="Drop zero-spread groups and refill with new prompts (DAPO).")
     max_sampling_rounds: int = Field(3, ge=0, description="Extra generation rounds dynamic sampling may spend per step.")
     overlong_buffer: float = Field(0.0, ge=0, lt=1, description="Soft length penalty starts this fraction before max_tokens "
-                                   "(0 = off); multi-turn: the tokens sampled over all assistant turns against "
-                                   "rollout.max_total_tokens, else max_turns * max_tokens.")
+                                   "(0 = off); multi-turn: every completion token (environment ones too) against "
+                                   "rollout.max_total_tokens, as that cut counts them; without it the sampled tokens "
+                                   "against max_turns * max_tokens.")
     overlong_penalty: float = Field(1.0, ge=0, description="Penalty at max_tokens for overlong shaping.")
     mask_truncated: bool = Field(False, description="Mask truncated completions out of the loss (multi-turn: "
                                  "trajectories a length limit ended, stop_reason length, budget or context).")

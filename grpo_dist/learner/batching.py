@@ -85,8 +85,12 @@ def collate(batch: TrainBatch, rows: Optional[range] = None, pad_id: int = 0) ->
     index = torch.zeros((b, c_max), dtype=torch.long)
     mask = torch.zeros((b, c_max), dtype=torch.float32)
     valid = torch.zeros((b, c_max), dtype=torch.bool)
-    have_behaviour = bool(batch.behaviour_logprobs) and all(
-        len(batch.behaviour_logprobs[i]) == len(batch.completion_ids[i]) for i in rows)
+    have_behaviour = bool(batch.behaviour_logprobs)  # none at all: the batch carries no behaviour log-probs
+    if have_behaviour:
+        for i, k in zip(rows, lens):
+            if len(batch.behaviour_logprobs[i]) != k:
+                raise ValueError(f"collate: behaviour_logprobs row {i} has {len(batch.behaviour_logprobs[i])} "
+                                 f"values for {k} completion tokens")
     behaviour = torch.zeros((b, c_max), dtype=torch.float32) if have_behaviour else None
 
     for r, (i, p, c) in enumerate(zip(rows, prompts, comps)):

@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from grpo_dist.algo import masked_mean, rollout_is_weights
+from grpo_dist.algo import masked_mean, quantile, rollout_is_weights
 from grpo_dist.config import Config
 from grpo_dist.types import TrainBatch
 
@@ -165,7 +165,7 @@ class TrainStep:
             pool = torch.cat(parts)
         if pool.numel() == 0:
             return 0.0
-        threshold = torch.quantile(pool, 1.0 - frac).to(ents[0].device)
+        threshold = quantile(pool, 1.0 - frac).to(ents[0].device)
         for e, mb in zip(ents, micro):
             mb.mask = mb.mask * (e >= threshold).to(mb.mask.dtype)
         kept = self._sum_over_ranks([float(torch.stack([mb.mask.sum() for mb in micro]).sum())])[0]

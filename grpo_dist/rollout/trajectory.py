@@ -58,19 +58,21 @@ class Trajectory:
         if step.reward is not None:
             self.reward = (self.reward or 0.0) + float(step.reward)
 
-    def take(self, sample: Sample, m: int, spec: SamplingSpec, lim: EnvLimits, tok: Any) -> tuple[str | None, str, str]:
-        """Append a sampled turn (limit ``m``); returns why it was cut (or None), its text for the
-        environment (special tokens skipped) and its text as the conversation holds it (only the
-        end-of-turn token left out: what a faithful re-render of the history puts there)."""
+    def take(self, sample: Sample, m: int, spec: SamplingSpec, lim: EnvLimits, tok: Any) -> tuple[str | None, str]:
+        """Append a sampled turn (limit ``m``); returns why it was cut (or None) and its text, for
+        the environment and the conversation alike: what the model wrote, special tokens included
+        (a tool call may be written in them), only the end-of-turn token left out (what a faithful
+        re-render of the history puts there)."""
         self.add(list(sample.token_ids), list(sample.logprobs))
         self.turns += 1
-        self.transcript.append({"role": "assistant", "content": said(tok, sample.token_ids)})
+        text = said(tok, sample.token_ids)
+        self.transcript.append({"role": "assistant", "content": text})
         cut = None
         if sample.finish_reason == "length":
             cut = ("length" if m == spec.max_tokens else
                    "budget" if lim.max_total_tokens is not None and len(self.ids) >= lim.max_total_tokens
                    else "context")
-        return cut, tok.decode(sample.token_ids, skip_special_tokens=True), said(tok, sample.token_ids)
+        return cut, text
 
     def advance(self, cut: str | None, said_text: str, answer: Any, lim: EnvLimits, tok: Any, encode: MessageEncoder,
                 max_model_len: int) -> bool:
@@ -210,10 +212,12 @@ def sanity(tok: Any, t: Trajectory) -> int:
     built = t.prompt_ids + t.ids
     if t.messages is not None:
         msgs = list(t.messages)
-        if t.mask and t.mask[-1] == 1:  # the last turn, not followed by environment messages yet
+        sampled_last = bool(t.mask) and t.mask[-1] == 1
+        if sampled_last:  # the last turn, not followed by environment messages yet
             last = len(t.mask) - t.mask[::-1].index(0) if 0 in t.mask else 0
             msgs.append({"role": "assistant", "content": said(tok, t.ids[last:])})
-        text = render(tok, msgs, tools=t.tools)
+        # ended on the environment's messages (or the opening): the built ids end on the next assistant header
+        text = render(tok, msgs, generation_prompt=not sampled_last, tools=t.tools)
         ref = tok(text, add_special_tokens=False)["input_ids"]
     else:
         ref = tok(tok.decode(built, skip_special_tokens=False), add_special_tokens=False)["input_ids"]

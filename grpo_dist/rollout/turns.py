@@ -62,8 +62,8 @@ def run_trajectories(engine: Generator, records: list[Any], prompt_ids: list[lis
                 t.stop_reason = "timeout"
         active = [t for t in active if t.stop_reason is None]
         turns = _generate(engine, active, spec, lim, max_model_len)
-        answers = run(_gather([step(t, text, lim) for t, (_, text, _) in zip(active, turns)]))
-        active = [t for t, (cut, _, said), answer in zip(active, turns, answers)
+        answers = run(_gather([step(t, text, lim) for t, (_, text) in zip(active, turns)]))
+        active = [t for t, (cut, said), answer in zip(active, turns, answers)
                   if t.advance(cut, said, answer, lim, tok, encode, max_model_len)]
     run(_gather([finish(t, lim.tool_timeout_s) for g in groups for t in g]))
     return [RolloutGroup(prompt_id=g[0].record.id, rollouts=[to_rollout(tok, t, version, lim.sanity) for t in g])

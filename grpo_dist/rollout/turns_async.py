@@ -57,7 +57,7 @@ async def run_trajectory(engine: Any, record: Any, prompt_ids: list[int], spec: 
             t.stop_reason = "timeout"
             break
         versions.append(version)
-        cut, text, said = t.take(samples[0], one.max_tokens, spec, lim, tok)
-        t.advance(cut, said, await step(t, text, lim), lim, tok, encode, max_model_len)
+        cut, text = t.take(samples[0], one.max_tokens, spec, lim, tok)
+        t.advance(cut, text, await step(t, text, lim), lim, tok, encode, max_model_len)
     await finish(t, lim.tool_timeout_s)
     return t, min(versions) if versions else int(getattr(engine, "version", 0))

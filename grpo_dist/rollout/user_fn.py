@@ -5,7 +5,8 @@ it is called once per trajectory (``rollout.group_size`` times per dataset row) 
 ``fn(client, row, **rollout.rollout_fn_kwargs)``, plain or ``async def``:
 
 * ``client`` (:class:`EngineClient`): ``generate(prompt_ids, max_tokens=, temperature=, top_p=,
-  top_k=, stop=) -> Generation(token_ids, logprobs, text, finish_reason)`` (token ids in, sampled
+  top_k=, stop=) -> Generation(token_ids, logprobs, text, finish_reason)`` (``temperature``,
+  ``top_p``, ``top_k`` may only repeat the run's ``rollout.*``: the learner scores at those; token ids in, sampled
   ids and their behaviour log-probs out; an ``async def`` function awaits ``agenerate``), the
   ``tokenizer``, ``prompt_ids`` (the row's prompt as the pipeline tokenized it), ``sampling`` (the
   run's :class:`SamplingSpec`), ``max_model_len``. Call k of a trajectory samples with a seed
@@ -118,8 +119,12 @@ class EngineClient:
         if room < 1:
             raise ValueError(f"generate: {len(prompt_ids)} prompt tokens leave no room in model.max_model_len "
                              f"{self.max_model_len}")
-        return SamplingSpec(n=1, temperature=s.temperature if temperature is None else float(temperature),
-                            top_p=s.top_p if top_p is None else float(top_p), top_k=s.top_k if top_k is None else int(top_k),
+        for key, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k)):
+            if value is not None and value != getattr(s, key):
+                # the learner scores every sampled token at rollout.* (the behaviour log-probs too)
+                raise ValueError(f"generate: {key}={value} differs from rollout.{key} {getattr(s, key)}: the learner "
+                                 f"scores every sampled token at rollout.{key}; leave {key} out")
+        return SamplingSpec(n=1, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                             max_tokens=min(room, s.max_tokens if max_tokens is None else int(max_tokens)),
                             stop=list(s.stop if stop is None else stop))
 

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from grpo_dist.algo import masked_mean, masked_sum, pass_at_k
+from grpo_dist.algo import masked_mean, masked_sum, pass_at_k, quantile
 
 
 @pytest.mark.parametrize(
@@ -71,3 +71,22 @@ def test_loss_metrics_as_tensors_are_the_floats_unread():
         for k, t in tensors.items():
             assert isinstance(t, torch.Tensor) and t.shape == () and t.dtype == torch.float64, (name, k)
             assert not t.requires_grad and float(t) == floats[k], (name, k)
+
+
+@pytest.mark.parametrize("q", [0.0, 0.2, 0.5, 0.75, 1.0])
+def test_quantile_matches_torch_on_small_inputs(q):
+    x = torch.tensor([3.0, -1.0, 7.5, 2.0, 2.0, 10.0, 0.5])
+    assert float(quantile(x, q)) == pytest.approx(float(torch.quantile(x, q)), abs=1e-6)
+    # hand value: sorted [-1, .5, 2, 2, 3, 7.5, 10]; q=0.75 -> rank 4.5 -> (3 + 7.5) / 2
+    assert float(quantile(x, 0.75)) == pytest.approx(5.25)
+    assert quantile(x.bfloat16(), 0.75).dtype == torch.bfloat16
+
+
+def test_quantile_scales_past_torch_quantile_limit():
+    # top_entropy_frac pools every completion token of a batch: past 2**24 values torch.quantile raises
+    n = (1 << 24) + 3
+    x = torch.arange(n, dtype=torch.float32).flip(0)  # descending: torch.kthvalue(x, 1) takes quadratic time
+    assert float(quantile(x, 0.0)) == 0.0 and float(quantile(x, 1.0)) == float(n - 1)
+    assert float(quantile(x, 0.5)) == pytest.approx((n - 1) / 2)
+    with pytest.raises(ValueError):
+        quantile(x[:0], 0.5)

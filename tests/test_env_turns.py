@@ -1,0 +1,61 @@
+"""One trajectory's bookkeeping without an engine (grpo_dist/rollout/trajectory.py): the text an
+environment reads, the stop reasons, the sanity check, on the byte-level BPE tokenizer of
+tests/bpe_model.py and hand-made samples (what an engine returns)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bpe_model import make_bpe_tokenizer
+from grpo_dist.envs import EnvLimits
+from grpo_dist.envs.base import run
+from grpo_dist.envs.builtin import CalculatorEnv
+from grpo_dist.rollout.base import Sample, SamplingSpec
+from grpo_dist.rollout.trajectory import Trajectory, encoder_for, open_trajectory, sanity
+from grpo_dist.types import PromptRecord
+
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*7"}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def bpe_tok():
+    return make_bpe_tokenizer()
+
+
+def _sample(tok, text: str, end: list[int], finish: str = "stop") -> Sample:
+    ids = tok(text, add_special_tokens=False)["input_ids"] + end
+    return Sample(ids, tok.decode(ids, skip_special_tokens=True), [-0.5] * len(ids), finish)
+
+
+def test_a_tool_call_written_in_special_tokens_reaches_the_parser():
+    """Models whose tool-call tags are special tokens (Hermes-2-Pro style): the environment reads
+    what the model wrote, special tokens included; only the end-of-turn token is left out."""
+    tok = make_bpe_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<tool_call>", "</tool_call>"]})
+    env = CalculatorEnv(system_prompt=None, limits=EnvLimits(max_parallel_calls=2))
+    env.reset(PromptRecord(0, "q", {"answer": "84"}))
+    t = Trajectory(PromptRecord(0, "q"), [1, 2], None, env, None)
+    sample = _sample(tok, CALL, [tok.eos_token_id])
+    assert tok.decode(sample.token_ids, skip_special_tokens=True).count("<tool_call>") == 0  # what was parsed
+    cut, text = t.take(sample, 16, SamplingSpec(n=1, max_tokens=16), EnvLimits(), tok)
+    assert cut is None and text == CALL == t.transcript[-1]["content"]
+    step = run(env.step(text))
+    assert step.info["tool_calls"] == 1 and [m["content"] for m in step.messages] == ["84"]
+
+
+def test_env_sanity_of_a_trajectory_that_ends_on_environment_tokens(bpe_tok):
+    """A trajectory stopped after a tool turn (its clock ran out) ends on the tool result and the
+    next assistant header: a faithful build, no mismatch to report; nor after a final answer."""
+    tok = bpe_tok
+    env = CalculatorEnv(system_prompt="Use the calculator.", limits=EnvLimits())
+    rec = PromptRecord(0, "q", {"question": "What is 12*7?", "answer": "84"})
+    t = open_trajectory(tok, rec, [], None, env, env.reset(rec))
+    lim = EnvLimits(sanity=True)
+    cut, text = t.take(_sample(tok, CALL, []), 48, SamplingSpec(n=1, max_tokens=48), lim, tok)
+    assert t.advance(cut, text, run(env.step(text)), lim, tok, encoder_for(tok), 1024)
+    assert t.mask[-1] == 0 and tok.decode(t.ids).endswith("<|im_start|>assistant\n")
+    t.stop_reason = "timeout"
+    assert sanity(tok, t) == -1
+    t.take(_sample(tok, "The answer is 84.", [tok.eos_token_id]), 48, SamplingSpec(n=1, max_tokens=48), lim, tok)
+    t.stop_reason = "done"
+    assert sanity(tok, t) == -1
