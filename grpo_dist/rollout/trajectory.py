@@ -193,16 +193,24 @@ async def finish(t: Trajectory, timeout: float | None) -> None:
 def to_rollout(tok: Any, t: Trajectory, version: int, check: bool) -> Rollout:
     if check:
         t.sanity_diff = sanity(tok, t)
-    cols = dict(t.record.columns)
-    cols.update(stop_reason=t.stop_reason, truncated=t.stop_reason != "done", turns=t.turns, env_reward=t.reward,
-                **{k: int(v) for k, v in t.counters.items()})
-    if t.sanity_diff is not None:
-        cols["env_sanity_diff"] = t.sanity_diff
-    return Rollout(prompt_id=t.record.id, prompt=t.record.prompt, prompt_ids=t.prompt_ids,
-                   completion=tok.decode(t.ids, skip_special_tokens=True), completion_ids=t.ids,
-                   logprobs=t.logprobs, finish_reason="stop" if t.stop_reason == "done" else "length",
-                   adapter_version=version, columns=cols, loss_mask=t.mask, turns=t.turns, stop_reason=t.stop_reason,
-                   messages=t.transcript)
+    extra = {"env_sanity_diff": t.sanity_diff} if t.sanity_diff is not None else {}
+    return make_rollout(tok, t.record, t.prompt_ids, t.ids, t.logprobs, t.mask, t.stop_reason, t.turns, t.reward,
+                        t.counters, t.transcript, version, extra)
+
+
+def make_rollout(tok: Any, rec: Any, prompt_ids: list[int], ids: list[int], logprobs: list[float], mask: list[int],
+                 stop: str, turns: int, reward: float | None, counters: dict[str, Any], messages: Any, version: int,
+                 extra: dict[str, Any] | None = None) -> Rollout:
+    """The Rollout of one trajectory, an environment's (:func:`to_rollout`) or a rollout function's
+    (``user_fn.to_rollout``): the record's columns plus the trajectory's own (stop reason,
+    truncated, turns, env_reward, every tool counter, ``extra``)."""
+    cols = dict(rec.columns)
+    cols.update(stop_reason=stop, truncated=stop != "done", turns=turns, env_reward=reward,
+                **{k: int(counters.get(k) or 0) for k in TOOL_COUNTERS}, **(extra or {}))
+    return Rollout(prompt_id=rec.id, prompt=rec.prompt, prompt_ids=prompt_ids, completion_ids=ids,
+                   completion=tok.decode(ids, skip_special_tokens=True), logprobs=logprobs,
+                   finish_reason="stop" if stop == "done" else "length", adapter_version=version, columns=cols,
+                   loss_mask=mask, turns=turns, stop_reason=stop, messages=messages)
 
 
 def sanity(tok: Any, t: Trajectory) -> int:

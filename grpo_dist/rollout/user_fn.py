@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 from grpo_dist.envs.base import acall, env_loop, run
 from grpo_dist.rollout.base import Generator, SamplingSpec, generate_each
-from grpo_dist.rollout.trajectory import turn_seed
+from grpo_dist.rollout.trajectory import make_rollout, turn_seed
 from grpo_dist.types import TOOL_COUNTERS, Rollout, RolloutGroup
 from grpo_dist.util.plugins import load_object
 
@@ -194,17 +194,11 @@ def to_rollout(name: str, rec: Any, prompt_ids: list[int], out: Any, calls: int,
     out = check_result(name, rec.id, out, prompt_ids, max_model_len, len(tok) if tok is not None else None)
     mask = out["loss_mask"]
     logprobs = [float(lp) if m == 1 else 0.0 for lp, m in zip(out["logprobs"], mask)]
-    stop = str(out.get("stop_reason") or "done")
     info = out.get("info") or {}
-    counters = {k: int(info[k]) for k in TOOL_COUNTERS if isinstance(info.get(k), (int, float))}
-    cols = dict(rec.columns)
-    cols.update(stop_reason=stop, truncated=stop != "done", turns=calls, env_reward=out.get("reward"),
-                **{k: counters.get(k, 0) for k in TOOL_COUNTERS})
-    ids = out["completion_ids"]
-    return Rollout(prompt_id=rec.id, prompt=rec.prompt, prompt_ids=out["prompt_ids"], completion_ids=ids,
-                   completion=tok.decode(ids, skip_special_tokens=True), logprobs=logprobs,
-                   finish_reason="stop" if stop == "done" else "length", adapter_version=version, columns=cols,
-                   loss_mask=mask, turns=calls, stop_reason=stop, messages=out.get("messages"))
+    counters = {k: info[k] for k in TOOL_COUNTERS if isinstance(info.get(k), (int, float))}
+    return make_rollout(tok, rec, out["prompt_ids"], out["completion_ids"], logprobs, mask,
+                        str(out.get("stop_reason") or "done"), calls, out.get("reward"), counters, out.get("messages"),
+                        version)
 
 
 def check_result(name: str, record_id: Any, out: Any, prompt_ids: list[int], max_model_len: int,
