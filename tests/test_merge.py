@@ -128,7 +128,9 @@ def rollout_worker(model_dir, mode, *extra, backend="hf"):
 
     cfg = load_config(None, ["--model.path", str(model_dir), "--rollout.backend", backend, "--rollout.max_tokens", "6",
                              "--rollout.group_size", "2", "--learner.micro_batch_size", "4",
-                             "--rollout.adapter_mode", mode, *extra])
+                             "--rollout.adapter_mode", mode, "--rollout.engine_in_process", "false", *extra])
+    # a vLLM engine in this (pytest) process: in vLLM's own engine process, so that vLLM's
+    # process-wide state (default process group, OpenMP binding) does not stay for later tests
     w = RolloutWorker(cfg)
     info = w.setup()
     assert info["adapter_mode"] == mode

@@ -56,7 +56,8 @@ def worker(smollm2_dir):
 
     cfg = load_config(None, ["--model.path", str(smollm2_dir), "--data.chat_template", "true",
                              "--model.max_model_len", "1024", "--rollout.max_tokens", "48",
-                             "--rollout.group_size", "4", "--rollout.cpu_kvcache_gb", "1"])
+                             "--rollout.group_size", "4", "--rollout.cpu_kvcache_gb", "1",
+                             "--rollout.engine_in_process", "false"])  # vLLM's state stays out of pytest's process
     w = RolloutWorker(cfg)
     w.setup()
     yield w
