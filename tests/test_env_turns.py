@@ -11,7 +11,7 @@ from grpo_dist.envs import EnvLimits
 from grpo_dist.envs.base import run
 from grpo_dist.envs.builtin import CalculatorEnv
 from grpo_dist.rollout.base import Sample, SamplingSpec
-from grpo_dist.rollout.trajectory import Trajectory, encoder_for, open_trajectory, sanity
+from grpo_dist.rollout.trajectory import Trajectory, encoder_for, open_trajectory, sanity, turn_spec
 from grpo_dist.types import PromptRecord
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*7"}}\n</tool_call>'
@@ -59,3 +59,15 @@ def test_env_sanity_of_a_trajectory_that_ends_on_environment_tokens(bpe_tok):
     t.take(_sample(tok, "The answer is 84.", [tok.eos_token_id]), 48, SamplingSpec(n=1, max_tokens=48), lim, tok)
     t.stop_reason = "done"
     assert sanity(tok, t) == -1
+
+
+def test_a_full_context_ends_the_trajectory_without_a_request(bpe_tok):
+    """An opening that fills model.max_model_len: the trajectory ends as ``context`` before any
+    engine request (a 1-token request over a full context makes vLLM reject the whole batch)."""
+    spec, lim = SamplingSpec(n=1, max_tokens=8), EnvLimits(max_total_tokens=20)
+    full = Trajectory(PromptRecord(0, "q"), list(range(3, 67)), None, CalculatorEnv(), None)
+    assert turn_spec(full, spec, lim, 64) is None and full.stop_reason == "context"
+    spent = Trajectory(PromptRecord(0, "q"), [3, 4], None, CalculatorEnv(), None, ids=[5] * 20, mask=[1] * 20)
+    assert turn_spec(spent, spec, lim, 64) is None and spent.stop_reason == "budget"
+    one = Trajectory(PromptRecord(0, "q"), list(range(3, 66)), None, CalculatorEnv(), None)
+    assert turn_spec(one, spec, lim, 64).max_tokens == 1 and one.stop_reason is None

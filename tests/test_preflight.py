@@ -179,6 +179,9 @@ CASES = [
      r"'nosuch_mod_xyz:f': module 'nosuch_mod_xyz' not found"),
     ("a tool method without a docstring", lambda b, m: ["--rollout.env", f"{b['dir']}/trl_env.py:Shop"],
      r"rollout\.env: environment '.*trl_env\.py:Shop' cannot be made: ValueError: tool 'buy': no JSON schema"),
+    ("an environment opening longer than max_model_len - max_tokens", lambda b, m: ["--rollout.env", "calculator"],
+     r"rollout\.env: environment 'calculator' opens with \d+ tokens on record 0 \(its system prompt, tool schemas, "
+     r"examples and the question\), more than model\.max_model_len 64 - rollout\.max_tokens 6 = 58"),
     ("more CPUs than the local cluster", lambda b, m: ["--rollout.num_workers", "8"],
      r"cluster\.num_cpus: the local cluster \(2 CPUs, no custom resources\) cannot hold the actors: the actors "
      r"need 4\.75 CPU in all, the cluster has 2"),

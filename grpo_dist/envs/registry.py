@@ -103,7 +103,8 @@ def check_envs(r: Any, tokenizer: Any, records: list[Any]) -> dict[str, tuple[An
     the config and the records' ``env_column`` name resolves, one instance of each is made (its
     keyword arguments, its tools and their schemas) and reset on the first record that names it,
     and the model's chat template is prefix-preserving (:func:`grpo_dist.envs.chat.check_template`).
-    ValueError naming the problem. Returns ``{name: (record, opening)}``: what each reset gave."""
+    ValueError naming the problem. Returns ``{name: (record, env, opening)}``: each environment
+    made, the record it was reset on (None: no records) and what its reset returned."""
     source = EnvSource.from_config(r)
     if source is None:
         return {}
@@ -114,7 +115,7 @@ def check_envs(r: Any, tokenizer: Any, records: list[Any]) -> dict[str, tuple[An
         first[source.default] = None
     out = {}
     for name in sorted(first):
-        out[name] = (first[name], _try_env(source, name, first[name], r))
+        out[name] = (first[name], *_try_env(source, name, first[name], r))
     try:
         check_template(tokenizer)
     except TemplateError as e:
@@ -122,8 +123,8 @@ def check_envs(r: Any, tokenizer: Any, records: list[Any]) -> dict[str, tuple[An
     return out
 
 
-def _try_env(source: EnvSource, name: str, record: Any, r: Any) -> Any:
-    """Make environment ``name`` and reset it on ``record`` (None: not reset); its opening."""
+def _try_env(source: EnvSource, name: str, record: Any, r: Any) -> tuple[Env, Any]:
+    """Make environment ``name`` and reset it on ``record`` (None: not reset); it and its opening."""
     factory = source.factory(name)
     entry = source.named.get(name)
     kwargs = entry.get("kwargs") if entry is not None else r.env_kwargs if name == source.default else None
@@ -134,9 +135,9 @@ def _try_env(source: EnvSource, name: str, record: Any, r: Any) -> Any:
     except Exception as e:  # noqa: BLE001 - whatever the constructor raises is the user's config
         raise ValueError(f"{what} cannot be made: {type(e).__name__}: {_line(e)}") from None
     if record is None:
-        return None
+        return env, None
     try:
-        return call(env.reset, record)
+        return env, call(env.reset, record)
     except Exception as e:  # noqa: BLE001
         raise ValueError(f"{what}: reset raised on record {getattr(record, 'id', '?')}: {type(e).__name__}: "
                          f"{_line(e)}") from None

@@ -129,15 +129,23 @@ def open_trajectory(tok: Any, record: Any, prompt_ids: list[int], seed: int | No
     return Trajectory(record, ids, seed, env, msgs, tools=tools)
 
 
-def turn_spec(t: Trajectory, spec: SamplingSpec, lim: EnvLimits, max_model_len: int) -> SamplingSpec:
+def turn_spec(t: Trajectory, spec: SamplingSpec, lim: EnvLimits, max_model_len: int) -> SamplingSpec | None:
     """The next turn's sampling: ``rollout.max_tokens`` within the budget and the context, the
-    stop strings plus the environment's (a parser's ``</tool_call>``)."""
+    stop strings plus the environment's (a parser's ``</tool_call>``). None when no token fits:
+    the trajectory then ends (``context``: the context is full, e.g. an opening longer than the
+    prompts pre-flight measured; ``budget``), and no request goes to the engine (vLLM refuses a
+    prompt that fills ``max_model_len``, failing the whole batch with it)."""
     m = min(spec.max_tokens, max_model_len - len(t.prompt_ids) - len(t.ids))
+    if m < 1:
+        t.stop_reason = "context"
+        return None
     if lim.max_total_tokens is not None:
         m = min(m, lim.max_total_tokens - len(t.ids))
+        if m < 1:
+            t.stop_reason = "budget"
+            return None
     stop = list(dict.fromkeys(list(spec.stop) + list(getattr(t.env, "stop", None) or [])))
-    return SamplingSpec(n=1, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k, max_tokens=max(1, m),
-                        stop=stop)
+    return SamplingSpec(n=1, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k, max_tokens=m, stop=stop)
 
 
 async def reset(env: Env, record: Any):

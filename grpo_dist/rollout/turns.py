@@ -60,8 +60,10 @@ def run_trajectories(engine: Generator, records: list[Any], prompt_ids: list[lis
         for t in active:
             if expired(t, lim):
                 t.stop_reason = "timeout"
-        active = [t for t in active if t.stop_reason is None]
-        turns = _generate(engine, active, spec, lim, max_model_len)
+        # None: no room for a token left (stop_reason context / budget set); no request is sent
+        pairs = [(t, turn_spec(t, spec, lim, max_model_len)) for t in active if t.stop_reason is None]
+        active, specs = [t for t, s in pairs if s is not None], [s for _, s in pairs if s is not None]
+        turns = _generate(engine, active, specs, spec, lim)
         answers = run(_gather([step(t, text, lim) for t, (_, text) in zip(active, turns)]))
         active = [t for t, (cut, said), answer in zip(active, turns, answers)
                   if t.advance(cut, said, answer, lim, tok, encode, max_model_len)]
@@ -74,11 +76,10 @@ async def _gather(coros: list) -> list:
     return list(await asyncio.gather(*coros))
 
 
-def _generate(engine: Generator, active: list[Trajectory], spec: SamplingSpec, lim, max_model_len: int) -> list:
-    """One turn for every trajectory, one engine call per distinct (token limit, stop strings);
-    returns ``Trajectory.take``'s answer for each."""
+def _generate(engine: Generator, active: list[Trajectory], specs: list[SamplingSpec], spec: SamplingSpec, lim) -> list:
+    """One turn for every trajectory (``specs[i]``: trajectory i's), one engine call per distinct
+    (token limit, stop strings); returns ``Trajectory.take``'s answer for each."""
     batches: dict[tuple, list[int]] = {}
-    specs = [turn_spec(t, spec, lim, max_model_len) for t in active]
     for i, one in enumerate(specs):
         batches.setdefault((one.max_tokens, tuple(one.stop)), []).append(i)
     out: list[Any] = [None] * len(active)

@@ -48,6 +48,8 @@ async def run_trajectory(engine: Any, record: Any, prompt_ids: list[int], spec: 
             t.stop_reason = "timeout"
             break
         one = turn_spec(t, spec, lim, max_model_len)
+        if one is None:  # no room for a token: stop_reason context / budget
+            break
         left = None if lim.trajectory_timeout_s is None else lim.trajectory_timeout_s - (time.monotonic() - t.started)
         try:
             samples, version = await asyncio.wait_for(
