@@ -70,8 +70,20 @@ class _Batcher:
     def __init__(self, engine: Generator, live: int):
         self.engine, self.live, self.pending = engine, live, []
         self.wake = asyncio.Event()
+        self.closed: BaseException | None = None
+
+    def close(self, why: BaseException) -> None:
+        """No more engine calls: every waiting call and every later one raises ``why`` (so the
+        functions still running, and their threads, end)."""
+        self.closed = why
+        batch, self.pending = self.pending, []
+        for *_, fut in batch:
+            if not fut.done():
+                fut.set_exception(why)
 
     async def submit(self, ids: list[int], spec: SamplingSpec, seed: int | None) -> Generation:
+        if self.closed is not None:
+            raise self.closed
         fut = asyncio.get_running_loop().create_future()
         self.pending.append((ids, spec, seed, fut))
         self.wake.set()
@@ -188,8 +200,17 @@ class UserRollouts:
             return to_rollout(self.spec, rec, pids, out, client.calls, version, engine.tokenizer, max_model_len)
 
         driver = asyncio.ensure_future(batcher.drive())
+        tasks = [asyncio.ensure_future(one(i, j)) for i in range(len(records)) for j in range(spec.n)]
         try:
-            flat = await asyncio.gather(*(one(i, j) for i in range(len(records)) for j in range(spec.n)))
+            flat = await asyncio.gather(*tasks)
+        except BaseException as e:
+            # one function failed: the others' engine calls fail too, so they (and their threads) end
+            batcher.close(RuntimeError(f"rollout.rollout_fn: a sibling trajectory failed ({type(e).__name__})"))
+            done, _ = await asyncio.wait(tasks, timeout=30)  # bounded: a function that swallows the error is abandoned
+            for t in done:
+                if not t.cancelled():
+                    t.exception()  # retrieved: no "never retrieved" warnings
+            raise
         finally:
             driver.cancel()
         return [RolloutGroup(prompt_id=rec.id, rollouts=list(flat[i * spec.n:(i + 1) * spec.n]))
