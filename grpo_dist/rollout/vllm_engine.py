@@ -8,6 +8,7 @@ learner recomputes as ``log_softmax(logits / T)``. LoRA versions are served with
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import os
@@ -66,7 +67,15 @@ def quiet_reload_warnings(environ=os.environ) -> str | None:
     with os.fdopen(fd, "w") as f:
         json.dump(cfg, f)
     environ["VLLM_LOGGING_CONFIG_PATH"] = path
+    atexit.register(_remove, path)  # the engine processes read it as they start; this process outlives them
     return path
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def supported_lora_rank(r: int) -> int:
