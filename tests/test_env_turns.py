@@ -71,3 +71,22 @@ def test_a_full_context_ends_the_trajectory_without_a_request(bpe_tok):
     assert turn_spec(spent, spec, lim, 64) is None and spent.stop_reason == "budget"
     one = Trajectory(PromptRecord(0, "q"), list(range(3, 66)), None, CalculatorEnv(), None)
     assert turn_spec(one, spec, lim, 64).max_tokens == 1 and one.stop_reason is None
+
+
+def test_one_set_of_stop_reasons_and_an_engine_abort_is_not_stop(bpe_tok):
+    from vllm.outputs import CompletionOutput
+
+    from grpo_dist.rollout.vllm_engine import to_sample
+    from grpo_dist.types import LENGTH_STOPS, StopReason
+
+    assert [str(s) for s in StopReason] == ["done", "length", "budget", "context", "max_turns", "timeout",
+                                            "env_error", "abort"]
+    assert f"rollout/stop_reason/{StopReason.MAX_TURNS}" == "rollout/stop_reason/max_turns"
+    assert StopReason.DONE == "done" and set(LENGTH_STOPS) == {"length", "budget", "context"}
+    aborted = CompletionOutput(index=0, text="12", token_ids=[5, 6], cumulative_logprob=None, logprobs=None,
+                               finish_reason="abort")
+    sample = to_sample(aborted)
+    assert sample.finish_reason == "abort"
+    t = Trajectory(PromptRecord(0, "q"), [1, 2], None, CalculatorEnv(), None)
+    cut, _ = t.take(sample, 8, SamplingSpec(n=1, max_tokens=8), EnvLimits(), bpe_tok)
+    assert cut == StopReason.ABORT

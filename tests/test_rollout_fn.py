@@ -36,6 +36,8 @@ def _check(out, name="f.py:fn", max_model_len=64):
      r"completion_ids with 1 values that are not token ids \(first: 500, vocabulary size 100\)"),
     ({"completion_ids": [4], "mask": [1], "logprobs": [-1.0]}, "without loss_mask; with unknown keys mask"),
     ((1, 2), "a tuple, not a dict"),
+    ({"completion_ids": [4], "loss_mask": [1], "logprobs": [-1.0], "stop_reason": "stop"},
+     "stop_reason 'stop', not one of done, length, budget, context, max_turns, timeout, env_error, abort"),
     ({"completion_ids": list(range(70)), "loss_mask": [0] * 70, "logprobs": [0.0] * 70},
      "73 tokens .* more than model.max_model_len 64"),
 ])

@@ -18,7 +18,7 @@ from grpo_dist.envs.base import COUNTERS, Env, EnvLimits, EnvStep, acall
 from grpo_dist.envs.chat import (MessageEncoder, cap_tool_messages, encode_opening, first_difference, has_template,
                                  opening_messages, render)
 from grpo_dist.rollout.base import Sample, SamplingSpec
-from grpo_dist.types import Rollout
+from grpo_dist.types import Rollout, StopReason
 
 log = logging.getLogger("grpo_dist.rollout")
 _MASK63 = (1 << 63) - 1
@@ -67,11 +67,11 @@ class Trajectory:
         self.turns += 1
         text = said(tok, sample.token_ids)
         self.transcript.append({"role": "assistant", "content": text})
-        cut = None
+        cut = StopReason.ABORT if sample.finish_reason == "abort" else None
         if sample.finish_reason == "length":
-            cut = ("length" if m == spec.max_tokens else
-                   "budget" if lim.max_total_tokens is not None and len(self.ids) >= lim.max_total_tokens
-                   else "context")
+            cut = (StopReason.LENGTH if m == spec.max_tokens else
+                   StopReason.BUDGET if lim.max_total_tokens is not None and len(self.ids) >= lim.max_total_tokens
+                   else StopReason.CONTEXT)
         return cut, text
 
     def advance(self, cut: str | None, said_text: str, answer: Any, lim: EnvLimits, tok: Any, encode: MessageEncoder,
@@ -87,9 +87,9 @@ class Trajectory:
         self.counters["tool_truncated"] += n_cut
         extra = encode(msgs, self.ids[-1] if self.ids else None)
         if lim.max_total_tokens is not None and len(self.ids) + len(extra) >= lim.max_total_tokens:
-            self.stop_reason = "budget"
+            self.stop_reason = StopReason.BUDGET
         elif len(self.prompt_ids) + len(self.ids) + len(extra) >= max_model_len:
-            self.stop_reason = "context"
+            self.stop_reason = StopReason.CONTEXT
         else:
             self.add(extra, None)
             self.transcript += [dict(m) for m in msgs]
@@ -120,7 +120,7 @@ def open_trajectory(tok: Any, record: Any, prompt_ids: list[int], seed: int | No
     """A trajectory from its environment's opening (None: the record's prompt ids; an exception:
     already ended as env_error)."""
     if isinstance(opening, BaseException):
-        return Trajectory(record, list(prompt_ids), seed, env, None, stop_reason="env_error")
+        return Trajectory(record, list(prompt_ids), seed, env, None, stop_reason=StopReason.ENV_ERROR)
     if opening is None:
         return Trajectory(record, list(prompt_ids), seed, env, None)
     schemas, parser = getattr(env, "tools", None), getattr(env, "parser", None)
@@ -137,12 +137,12 @@ def turn_spec(t: Trajectory, spec: SamplingSpec, lim: EnvLimits, max_model_len: 
     prompt that fills ``max_model_len``, failing the whole batch with it)."""
     m = min(spec.max_tokens, max_model_len - len(t.prompt_ids) - len(t.ids))
     if m < 1:
-        t.stop_reason = "context"
+        t.stop_reason = StopReason.CONTEXT
         return None
     if lim.max_total_tokens is not None:
         m = min(m, lim.max_total_tokens - len(t.ids))
         if m < 1:
-            t.stop_reason = "budget"
+            t.stop_reason = StopReason.BUDGET
             return None
     stop = list(dict.fromkeys(list(spec.stop) + list(getattr(t.env, "stop", None) or [])))
     return SamplingSpec(n=1, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k, max_tokens=m, stop=stop)
@@ -166,10 +166,10 @@ async def step(t: Trajectory, text: str, lim: EnvLimits) -> Any:
     try:
         return await asyncio.wait_for(acall(t.env.step, text), left)
     except asyncio.TimeoutError:
-        return "timeout"
+        return StopReason.TIMEOUT
     except Exception:  # noqa: BLE001 - the trajectory ends as env_error, the run goes on
         warn_once("step", f"environment {type(t.env).__name__}.step raised: {traceback.format_exc()}")
-        return "env_error"
+        return StopReason.ENV_ERROR
 
 
 def why_stop(t: Trajectory, cut: str | None, answer: Any, lim: EnvLimits) -> str | None:
@@ -178,9 +178,9 @@ def why_stop(t: Trajectory, cut: str | None, answer: Any, lim: EnvLimits) -> str
     if cut is not None:  # a cut turn ends the trajectory as truncated, whatever the environment made of it
         return cut
     if answer.done:
-        return "done"
+        return StopReason.DONE
     if t.turns >= lim.max_turns:
-        return "max_turns"
+        return StopReason.MAX_TURNS
     return None
 
 
@@ -202,15 +202,24 @@ def to_rollout(tok: Any, t: Trajectory, version: int, check: bool) -> Rollout:
     if check:
         t.sanity_diff = sanity(tok, t)
     cols = dict(t.record.columns)
-    cols.update(stop_reason=t.stop_reason, truncated=t.stop_reason != "done", turns=t.turns, env_reward=t.reward,
+    stop = None if t.stop_reason is None else str(t.stop_reason)
+    cols.update(stop_reason=stop, truncated=t.stop_reason != StopReason.DONE, turns=t.turns,
+                env_reward=t.reward,
                 **{k: int(v) for k, v in t.counters.items()})
     if t.sanity_diff is not None:
         cols["env_sanity_diff"] = t.sanity_diff
     return Rollout(prompt_id=t.record.id, prompt=t.record.prompt, prompt_ids=t.prompt_ids,
                    completion=tok.decode(t.ids, skip_special_tokens=True), completion_ids=t.ids,
-                   logprobs=t.logprobs, finish_reason="stop" if t.stop_reason == "done" else "length",
-                   adapter_version=version, columns=cols, loss_mask=t.mask, turns=t.turns, stop_reason=t.stop_reason,
+                   logprobs=t.logprobs, finish_reason=finish_reason(t.stop_reason),
+                   adapter_version=version, columns=cols, loss_mask=t.mask, turns=t.turns,
+                   stop_reason=stop,
                    messages=t.transcript)
+
+
+def finish_reason(stop: str | None) -> str:
+    """A trajectory's ``finish_reason``: "stop" when done, "abort" when the engine aborted it,
+    else "length" (cut by a limit, or ended otherwise: truncated)."""
+    return "stop" if stop == StopReason.DONE else "abort" if stop == StopReason.ABORT else "length"
 
 
 def sanity(tok: Any, t: Trajectory) -> int:

@@ -20,7 +20,10 @@ that ended by itself; else it is cut by a limit (``truncated``, ``finish_reason`
 * ``context``: the next turn would not fit in ``model.max_model_len``;
 * ``timeout``: ``rollout.trajectory_timeout_s`` of wall clock passed (checked before each turn
   and bounding each ``step``);
-* ``env_error``: the environment's ``reset``/``step`` raised (logged with its traceback once).
+* ``env_error``: the environment's ``reset``/``step`` raised (logged with its traceback once);
+* ``abort``: the engine aborted the turn's request.
+
+(``grpo_dist.types.StopReason`` lists them.)
 
 Tool results longer than ``rollout.max_tool_result_tokens`` are cut in the middle. The stop
 reason, ``truncated``, the turn count, the summed ``info`` counters (tool_calls, tool_errors,
@@ -40,7 +43,7 @@ from grpo_dist.envs.registry import EnvSource
 from grpo_dist.rollout.base import Generator, SamplingSpec
 from grpo_dist.rollout.trajectory import (Trajectory, encoder_for, expired, finish, open_trajectory, reset, step,
                                           to_rollout, turn_seed, turn_spec)
-from grpo_dist.types import RolloutGroup
+from grpo_dist.types import RolloutGroup, StopReason
 
 __all__ = ["run_trajectories", "turn_seed"]
 
@@ -59,7 +62,7 @@ def run_trajectories(engine: Generator, records: list[Any], prompt_ids: list[lis
     while active:
         for t in active:
             if expired(t, lim):
-                t.stop_reason = "timeout"
+                t.stop_reason = StopReason.TIMEOUT
         # None: no room for a token left (stop_reason context / budget set); no request is sent
         pairs = [(t, turn_spec(t, spec, lim, max_model_len)) for t in active if t.stop_reason is None]
         active, specs = [t for t, s in pairs if s is not None], [s for _, s in pairs if s is not None]

@@ -22,7 +22,7 @@ from grpo_dist.envs.registry import EnvSource
 from grpo_dist.rollout.base import SamplingSpec
 from grpo_dist.rollout.trajectory import (Trajectory, encoder_for, expired, finish, open_trajectory, reset, step,
                                           to_rollout, turn_seed, turn_spec)
-from grpo_dist.types import RolloutGroup
+from grpo_dist.types import RolloutGroup, StopReason
 
 
 async def run_group_async(engine: Any, record: Any, prompt_ids: list[int], spec: SamplingSpec,
@@ -45,7 +45,7 @@ async def run_trajectory(engine: Any, record: Any, prompt_ids: list[int], spec: 
     versions: list[int] = []
     while t.stop_reason is None:
         if expired(t, lim):
-            t.stop_reason = "timeout"
+            t.stop_reason = StopReason.TIMEOUT
             break
         one = turn_spec(t, spec, lim, max_model_len)
         if one is None:  # no room for a token: stop_reason context / budget
@@ -56,7 +56,7 @@ async def run_trajectory(engine: Any, record: Any, prompt_ids: list[int], spec: 
                 engine.generate_group(t.prompt_ids + t.ids, one, None if t.seed is None else [turn_seed(t.seed, t.turns)],
                                       min_version), left)
         except asyncio.TimeoutError:  # the request is cancelled (vLLM aborts it)
-            t.stop_reason = "timeout"
+            t.stop_reason = StopReason.TIMEOUT
             break
         versions.append(version)
         cut, text = t.take(samples[0], one.max_tokens, spec, lim, tok)

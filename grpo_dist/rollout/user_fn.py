@@ -18,8 +18,9 @@ It returns a dict: ``completion_ids`` (every token after the prompt), ``loss_mas
 0 = not: e.g. an injected user turn) and ``logprobs`` (the behaviour log-prob of every token with
 mask 1; anything, e.g. 0.0 or None, where the mask is 0), all of one length; optional
 ``prompt_ids`` (default ``client.prompt_ids``), ``reward`` (the ``env_reward`` column), ``info``
-(numeric tool counters summed into the columns as environments' are), ``stop_reason`` (default
-"done"; anything else counts as truncated) and ``messages`` (the turns after the prompt, for the
+(numeric tool counters summed into the columns as environments' are), ``stop_reason`` (one of
+:class:`grpo_dist.types.StopReason`: done (the default), length, budget, context, max_turns,
+timeout, env_error, abort; anything but done counts as truncated) and ``messages`` (the turns after the prompt, for the
 W&B conversation table). What it returns is checked; a violation (or an exception) stops the run
 with an error naming the function. The rows become Rollouts exactly as environment trajectories
 do (same columns), so rewards, batches and the learner treat them alike.
@@ -34,8 +35,8 @@ from typing import Any, Callable
 
 from grpo_dist.envs.base import COUNTERS, acall, env_loop, run
 from grpo_dist.rollout.base import Generator, SamplingSpec
-from grpo_dist.rollout.trajectory import turn_seed
-from grpo_dist.types import Rollout, RolloutGroup
+from grpo_dist.rollout.trajectory import finish_reason, turn_seed
+from grpo_dist.types import Rollout, RolloutGroup, StopReason
 from grpo_dist.util.plugins import load_object
 
 REQUIRED = ("completion_ids", "loss_mask", "logprobs")
@@ -223,16 +224,16 @@ def to_rollout(name: str, rec: Any, prompt_ids: list[int], out: Any, calls: int,
     out = check_result(name, rec.id, out, prompt_ids, max_model_len, len(tok) if tok is not None else None)
     mask = out["loss_mask"]
     logprobs = [float(lp) if m == 1 else 0.0 for lp, m in zip(out["logprobs"], mask)]
-    stop = str(out.get("stop_reason") or "done")
+    stop = str(out.get("stop_reason") or StopReason.DONE)
     info = out.get("info") or {}
     counters = {k: int(info[k]) for k in COUNTERS if isinstance(info.get(k), (int, float))}
     cols = dict(rec.columns)
-    cols.update(stop_reason=stop, truncated=stop != "done", turns=calls, env_reward=out.get("reward"),
+    cols.update(stop_reason=stop, truncated=stop != StopReason.DONE, turns=calls, env_reward=out.get("reward"),
                 **{k: counters.get(k, 0) for k in COUNTERS})
     ids = out["completion_ids"]
     return Rollout(prompt_id=rec.id, prompt=rec.prompt, prompt_ids=out["prompt_ids"], completion_ids=ids,
                    completion=tok.decode(ids, skip_special_tokens=True), logprobs=logprobs,
-                   finish_reason="stop" if stop == "done" else "length", adapter_version=version, columns=cols,
+                   finish_reason=finish_reason(stop), adapter_version=version, columns=cols,
                    loss_mask=mask, turns=calls, stop_reason=stop, messages=out.get("messages"))
 
 
@@ -281,4 +282,6 @@ def check_result(name: str, record_id: Any, out: Any, prompt_ids: list[int], max
         raise bad(f"info as a {type(out['info']).__name__}, not a dict")
     if out.get("reward") is not None and not isinstance(out["reward"], (int, float)):
         raise bad(f"reward {out['reward']!r}, not a number")
+    if out.get("stop_reason") is not None and str(out["stop_reason"]) not in {str(r) for r in StopReason}:
+        raise bad(f"stop_reason {out['stop_reason']!r}, not one of {', '.join(str(r) for r in StopReason)}")
     return out

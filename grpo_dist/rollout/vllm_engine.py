@@ -148,7 +148,8 @@ def to_sample(c, tokenizer=None) -> Sample:
     ids = list(c.token_ids)
     lps = [float(step[tok].logprob) for step, tok in zip(c.logprobs or [], ids)]
     text = tokenizer.decode(ids, skip_special_tokens=True) if tokenizer is not None else c.text
-    return Sample(token_ids=ids, text=text, logprobs=lps, finish_reason="length" if c.finish_reason == "length" else "stop")
+    reason = c.finish_reason if c.finish_reason in ("length", "abort") else "stop"  # an abort is not a stop
+    return Sample(token_ids=ids, text=text, logprobs=lps, finish_reason=reason)
 
 
 class VLLMGenerator(Generator):
