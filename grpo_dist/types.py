@@ -78,6 +78,9 @@ class Rollout:
     # multi-turn: the turns after the prompt ({"role", "content"[, "name"]}: assistant and environment
     # messages, as text), for the W&B conversation table; None: single turn, or not recorded
     messages: list[dict[str, Any]] | None = None
+    # multi-turn: the weight version each turn was sampled with, in order (slime keeps them per
+    # sample); adapter_version is the oldest of them, the one staleness counts from. None: one turn
+    weight_versions: list[int] | None = None
 
     @property
     def truncated(self) -> bool:

@@ -90,3 +90,23 @@ def test_one_set_of_stop_reasons_and_an_engine_abort_is_not_stop(bpe_tok):
     t = Trajectory(PromptRecord(0, "q"), [1, 2], None, CalculatorEnv(), None)
     cut, _ = t.take(sample, 8, SamplingSpec(n=1, max_tokens=8), EnvLimits(), bpe_tok)
     assert cut == StopReason.ABORT
+
+
+def test_every_turns_weight_version_is_kept_and_staleness_counts_from_the_oldest(bpe_tok):
+    """Weights may change between the turns of a streaming trajectory: the Rollout keeps each
+    turn's version (as slime's samples do) and its adapter_version, the one the staleness bound
+    checks, is the oldest."""
+    from grpo_dist.batch import staleness_metrics
+    from grpo_dist.rollout.trajectory import to_rollout
+    from grpo_dist.types import StopReason
+
+    t = Trajectory(PromptRecord(0, "q"), [1, 2], None, CalculatorEnv(), None)
+    for v in (3, 4, 5):
+        t.take(_sample(bpe_tok, "7", [bpe_tok.eos_token_id]), 8, SamplingSpec(n=1, max_tokens=8), EnvLimits(),
+               bpe_tok, v)
+    t.stop_reason = StopReason.MAX_TURNS
+    r = to_rollout(bpe_tok, t, 5, False)
+    assert r.weight_versions == [3, 4, 5] and r.adapter_version == 3 and r.stop_reason == "max_turns"
+    with pytest.raises(ValueError, match=r"staleness must lie in \[0, 1\]"):
+        staleness_metrics([r.adapter_version], 5, 1)
+    assert staleness_metrics([r.adapter_version], 5, 2)["rollout/staleness_max"] == 2.0

@@ -44,6 +44,7 @@ class Trajectory:
     sanity_diff: int | None = None
     tools: list[dict[str, Any]] | None = None  # schemas the opening passed through the template's tools=
     transcript: list[dict[str, Any]] = field(default_factory=list)  # the turns after the prompt as text (W&B table)
+    versions: list[int] = field(default_factory=list)  # the weight version each turn was sampled with
 
     def add(self, ids: list[int], logprobs: list[float] | None) -> None:
         self.ids += ids
@@ -58,13 +59,15 @@ class Trajectory:
         if step.reward is not None:
             self.reward = (self.reward or 0.0) + float(step.reward)
 
-    def take(self, sample: Sample, m: int, spec: SamplingSpec, lim: EnvLimits, tok: Any) -> tuple[str | None, str]:
-        """Append a sampled turn (limit ``m``); returns why it was cut (or None) and its text, for
+    def take(self, sample: Sample, m: int, spec: SamplingSpec, lim: EnvLimits, tok: Any,
+             version: int = 0) -> tuple[str | None, str]:
+        """Append a turn sampled with weights ``version`` (limit ``m``); returns why it was cut (or None) and its text, for
         the environment and the conversation alike: what the model wrote, special tokens included
         (a tool call may be written in them), only the end-of-turn token left out (what a faithful
         re-render of the history puts there)."""
         self.add(list(sample.token_ids), list(sample.logprobs))
         self.turns += 1
+        self.versions.append(int(version))
         text = said(tok, sample.token_ids)
         self.transcript.append({"role": "assistant", "content": text})
         cut = StopReason.ABORT if sample.finish_reason == "abort" else None
@@ -199,6 +202,8 @@ async def finish(t: Trajectory, timeout: float | None) -> None:
 
 
 def to_rollout(tok: Any, t: Trajectory, version: int, check: bool) -> Rollout:
+    """The Rollout of a finished trajectory; its ``adapter_version`` is the oldest version its
+    turns ran with (``version``, the engine's, if it sampled none)."""
     if check:
         t.sanity_diff = sanity(tok, t)
     cols = dict(t.record.columns)
@@ -211,9 +216,9 @@ def to_rollout(tok: Any, t: Trajectory, version: int, check: bool) -> Rollout:
     return Rollout(prompt_id=t.record.id, prompt=t.record.prompt, prompt_ids=t.prompt_ids,
                    completion=tok.decode(t.ids, skip_special_tokens=True), completion_ids=t.ids,
                    logprobs=t.logprobs, finish_reason=finish_reason(t.stop_reason),
-                   adapter_version=version, columns=cols, loss_mask=t.mask, turns=t.turns,
+                   adapter_version=min(t.versions, default=version), columns=cols, loss_mask=t.mask, turns=t.turns,
                    stop_reason=stop,
-                   messages=t.transcript)
+                   messages=t.transcript, weight_versions=list(t.versions))
 
 
 def finish_reason(stop: str | None) -> str:

@@ -66,7 +66,7 @@ def run_trajectories(engine: Generator, records: list[Any], prompt_ids: list[lis
         # None: no room for a token left (stop_reason context / budget set); no request is sent
         pairs = [(t, turn_spec(t, spec, lim, max_model_len)) for t in active if t.stop_reason is None]
         active, specs = [t for t, s in pairs if s is not None], [s for _, s in pairs if s is not None]
-        turns = _generate(engine, active, specs, spec, lim)
+        turns = _generate(engine, active, specs, spec, lim, version)
         answers = run(_gather([step(t, text, lim) for t, (_, text) in zip(active, turns)]))
         active = [t for t, (cut, said), answer in zip(active, turns, answers)
                   if t.advance(cut, said, answer, lim, tok, encode, max_model_len)]
@@ -79,7 +79,8 @@ async def _gather(coros: list) -> list:
     return list(await asyncio.gather(*coros))
 
 
-def _generate(engine: Generator, active: list[Trajectory], specs: list[SamplingSpec], spec: SamplingSpec, lim) -> list:
+def _generate(engine: Generator, active: list[Trajectory], specs: list[SamplingSpec], spec: SamplingSpec, lim,
+              version: int) -> list:
     """One turn for every trajectory (``specs[i]``: trajectory i's), one engine call per distinct
     (token limit, stop strings); returns ``Trajectory.take``'s answer for each."""
     batches: dict[tuple, list[int]] = {}
@@ -91,5 +92,5 @@ def _generate(engine: Generator, active: list[Trajectory], specs: list[SamplingS
         seeds = None if any(t.seed is None for t in ts) else [[turn_seed(t.seed, t.turns)] for t in ts]
         samples = engine.generate([t.prompt_ids + t.ids for t in ts], one, seeds=seeds)
         for i, t, (s,) in zip(idx, ts, samples):
-            out[i] = t.take(s, one.max_tokens, spec, lim, engine.tokenizer)
+            out[i] = t.take(s, one.max_tokens, spec, lim, engine.tokenizer, version)
     return out

@@ -234,7 +234,8 @@ def to_rollout(name: str, rec: Any, prompt_ids: list[int], out: Any, calls: int,
     return Rollout(prompt_id=rec.id, prompt=rec.prompt, prompt_ids=out["prompt_ids"], completion_ids=ids,
                    completion=tok.decode(ids, skip_special_tokens=True), logprobs=logprobs,
                    finish_reason=finish_reason(stop), adapter_version=version, columns=cols,
-                   loss_mask=mask, turns=calls, stop_reason=stop, messages=out.get("messages"))
+                   loss_mask=mask, turns=calls, stop_reason=stop, messages=out.get("messages"),
+                   weight_versions=[version] * calls)
 
 
 def check_result(name: str, record_id: Any, out: Any, prompt_ids: list[int], max_model_len: int,
