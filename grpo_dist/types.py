@@ -7,7 +7,28 @@ these; none is a loose dict. They hold plain Python lists / tensors so they pick
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
+
+
+class StopReason(str, Enum):
+    """Why a multi-turn trajectory ended: one set of names for the ``stop_reason`` column, the
+    ``rollout/stop_reason/<name>`` metrics and the docs. Members are strings (``"done"``...)."""
+
+    DONE = "done"  # the environment ended it after a turn that ended by itself
+    LENGTH = "length"  # a turn used all of rollout.max_tokens
+    BUDGET = "budget"  # rollout.max_total_tokens (all completion tokens) ran out
+    CONTEXT = "context"  # the next turn would not fit in model.max_model_len
+    MAX_TURNS = "max_turns"  # rollout.max_turns turns ran and the environment wanted more
+    TIMEOUT = "timeout"  # rollout.trajectory_timeout_s of wall clock passed
+    ENV_ERROR = "env_error"  # the environment's reset / step raised
+    ABORT = "abort"  # the engine aborted the request
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
 @dataclass
@@ -48,15 +69,18 @@ class Rollout:
     completion: str
     completion_ids: list[int]
     logprobs: list[float]
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "abort" (the engine aborted it)
     adapter_version: int
     columns: dict[str, Any] = field(default_factory=dict)
     loss_mask: list[int] | None = None
     turns: int = 1
-    stop_reason: str | None = None  # multi-turn: "done" (the environment ended it) | "max_turns" | "length"
+    stop_reason: str | None = None  # multi-turn: a StopReason; None: single turn (see finish_reason)
     # multi-turn: the turns after the prompt ({"role", "content"[, "name"]}: assistant and environment
     # messages, as text), for the W&B conversation table; None: single turn, or not recorded
     messages: list[dict[str, Any]] | None = None
+    # multi-turn: the weight version each turn was sampled with, in order (slime keeps them per
+    # sample); adapter_version is the oldest of them, the one staleness counts from. None: one turn
+    weight_versions: list[int] | None = None
 
     @property
     def truncated(self) -> bool:
@@ -76,7 +100,7 @@ class Rollout:
 
 
 # stop reasons of a multi-turn trajectory that mean a length limit cut it (grpo_dist/rollout/turns.py)
-LENGTH_STOPS = ("length", "budget", "context")
+LENGTH_STOPS = (StopReason.LENGTH, StopReason.BUDGET, StopReason.CONTEXT)
 # per-trajectory tool counters (an environment's step info, summed per trajectory into reward
 # columns of these names and into rollout metrics)
 TOOL_COUNTERS = ("tool_calls", "tool_errors", "tool_timeouts", "tool_malformed", "tool_truncated")

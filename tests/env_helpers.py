@@ -82,3 +82,14 @@ def mask_too_short(client, row) -> dict:
     """A rollout function breaking the contract: one loss-mask entry short."""
     g = client.generate(client.prompt_ids, max_tokens=3)
     return {"completion_ids": g.token_ids, "loss_mask": [1] * (len(g.token_ids) - 1), "logprobs": g.logprobs}
+
+
+def fail_on(client, row, answer: str = "", wait_s: float = 0.5) -> dict:
+    """A user rollout function that raises on the rows whose answer is ``answer``; the others wait
+    ``wait_s`` (so the failure comes first), then generate twice (``two_calls``)."""
+    import time
+
+    if str(row.get("answer")) == answer:
+        raise RuntimeError("a bug in the rollout function")
+    time.sleep(wait_s)
+    return two_calls(client, row)

@@ -249,7 +249,7 @@ def test_preflight_stops_on_a_template_that_rewrites_earlier_turns(bpe_model_dir
     tok = make_bpe_tokenizer()
     tok.chat_template = REASONING_STRIPPING
     tok.save_pretrained(bad)
-    over = {"model": {"path": str(bad), "max_model_len": 512}, "lora": {"enabled": False},
+    over = {"model": {"path": str(bad), "max_model_len": 1024}, "lora": {"enabled": False},
             "data": {"path": "builtin:tool_problems?n=8", "eval_path": None},
             "rollout": {"env": "calculator", "max_tokens": 16},
             "reward": {"functions": [{"fn": "grpo_dist.envs.rewards:env_reward"}]}}

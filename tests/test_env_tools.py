@@ -135,6 +135,18 @@ def test_max_parallel_calls_and_the_stop_string():
     assert step.info["tool_calls"] == 2 and step.info["tool_errors"] == 1
 
 
+def test_tool_messages_come_in_the_order_the_calls_were_written():
+    """A malformed call between two good ones, and one past max_parallel_calls: one tool message
+    per call, in the order the model wrote them (it matches results to calls by position)."""
+    env = ToolEnv([multiply], limits=EnvLimits(max_parallel_calls=2))
+    env.reset(rec())
+    text = "<tool_call>{oops}</tool_call>" + call("multiply", a=2, b=3) + call("multiply", a=4, b=5) + (
+        call("multiply", a=1, b=1))
+    contents = [m["content"] for m in run(env.step(text)).messages]
+    assert contents[0].startswith("Error: tool call is not valid JSON") and contents[1:3] == ["6", "20"]
+    assert contents[3] == "Error: at most 2 tool call(s) per turn; multiply was not run" and len(contents) == 4
+
+
 class Counter:
     """A TRL-style environment: reset(**row), public methods as tools, get_reward()."""
 

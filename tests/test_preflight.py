@@ -53,6 +53,8 @@ def bad(tmp_path_factory, tiny_model_dir):
     (d / "one_arg.py").write_text("def f(c):\n    return [0.0] * len(c)\n")
     (d / "needs_col.py").write_text("def f(prompts, completions, difficulty, **kw):\n    return [0.0] * len(completions)\n")
     (d / "syntax.py").write_text("def f(prompts, completions:\n")
+    (d / "trl_env.py").write_text("class Shop:\n    def reset(self, **row):\n        return None\n\n"
+                                  "    def buy(self, item: str) -> str:\n        return item\n")
     (d / "data.csv").write_text("prompt,answer\n1+2=,3\n")
     (d / "out_file").write_text("not a directory\n")
     weights = (tiny_model_dir / "model.safetensors").read_bytes()
@@ -167,6 +169,19 @@ CASES = [
      r"num_generations: unknown key: this is rollout\.group_size \(TRL"),
     ("invalid YAML in an override", lambda b, m: ["--reward.functions", "[{fn: a"],
      r"reward\.functions: invalid YAML value"),
+    ("a typo in rollout.env_kwargs", lambda b, m: ["--rollout.env", "calculator", "--rollout.env_kwargs",
+                                                    "{few_sht: true}"],
+     r"rollout\.env: environment 'calculator' with rollout\.env_kwargs \{'few_sht': True\} cannot be made: "
+     r"TypeError: .*unexpected keyword argument 'few_sht'"),
+    ("a tool that does not import", lambda b, m: ["--rollout.env", "tools", "--rollout.env_kwargs",
+                                                  "{tools: ['nosuch_mod_xyz:f']}"],
+     r"rollout\.env: environment 'tools' with rollout\.env_kwargs .* cannot be made: ValueError: tool "
+     r"'nosuch_mod_xyz:f': module 'nosuch_mod_xyz' not found"),
+    ("a tool method without a docstring", lambda b, m: ["--rollout.env", f"{b['dir']}/trl_env.py:Shop"],
+     r"rollout\.env: environment '.*trl_env\.py:Shop' cannot be made: ValueError: tool 'buy': no JSON schema"),
+    ("an environment opening longer than max_model_len - max_tokens", lambda b, m: ["--rollout.env", "calculator"],
+     r"rollout\.env: environment 'calculator' opens with \d+ tokens on record 0 \(its system prompt, tool schemas, "
+     r"examples and the question\), more than model\.max_model_len 64 - rollout\.max_tokens 6 = 58"),
     ("more CPUs than the local cluster", lambda b, m: ["--rollout.num_workers", "8"],
      r"cluster\.num_cpus: the local cluster \(2 CPUs, no custom resources\) cannot hold the actors: the actors "
      r"need 4\.75 CPU in all, the cluster has 2"),

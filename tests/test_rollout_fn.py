@@ -36,6 +36,8 @@ def _check(out, name="f.py:fn", max_model_len=64):
      r"completion_ids with 1 values that are not token ids \(first: 500, vocabulary size 100\)"),
     ({"completion_ids": [4], "mask": [1], "logprobs": [-1.0]}, "without loss_mask; with unknown keys mask"),
     ((1, 2), "a tuple, not a dict"),
+    ({"completion_ids": [4], "loss_mask": [1], "logprobs": [-1.0], "stop_reason": "stop"},
+     "stop_reason 'stop', not one of done, length, budget, context, max_turns, timeout, env_error, abort"),
     ({"completion_ids": list(range(70)), "loss_mask": [0] * 70, "logprobs": [0.0] * 70},
      "73 tokens .* more than model.max_model_len 64"),
 ])
@@ -148,3 +150,26 @@ def test_sampling_that_differs_from_the_runs_is_refused():
             asyncio.run(client.agenerate([1, 2], **{key: value}))
     same = client._spec([1, 2], 4, 0.7, 0.9, 20, None)
     assert (same.temperature, same.top_p, same.top_k, same.max_tokens) == (0.7, 0.9, 20, 4) and client.calls == 0
+
+
+def test_after_one_trajectory_raises_its_siblings_and_their_threads_end(pretrained_model_dir):
+    import threading
+    import time
+
+    recs = make_task("add", 2, seed=5, split="eval")
+    w = _worker(pretrained_model_dir, rollout_fn=f"{HELPERS}:fail_on",
+                rollout_fn_kwargs={"answer": str(recs[0].answer)})
+    try:
+        with pytest.raises(RolloutFnError, match=r"fail_on' raised on record .*a bug in the rollout function"):
+            w.generate(recs, keys=[(0, 1, i) for i in range(2)])
+        deadline = time.monotonic() + 20
+        while any(t.name == "env-fail_on" for t in threading.enumerate()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [t for t in threading.enumerate() if t.name == "env-fail_on"], "sibling threads still blocked"
+        w.cfg.rollout.rollout_fn_kwargs = {"answer": "none"}  # the worker still generates afterwards
+        from grpo_dist.rollout.user_fn import UserRollouts
+
+        w.user_fn = UserRollouts.from_config(w.cfg.rollout)
+        assert len(w.generate(recs[:1], keys=[(0, 1, 0)])[0].rollouts) == 2
+    finally:
+        w.close()

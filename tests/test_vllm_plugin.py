@@ -108,3 +108,16 @@ def test_an_idle_cpu_engine_leaves_the_cores_alone(tiny_model_dir, tmp_path):
     idle = json.loads(line[0][len("IDLE_CPU "):])
     assert idle["0.05"] < 0.3, idle
     assert idle["1"] > 0.6, idle
+
+
+def test_the_logging_config_file_is_deleted_when_the_process_ends(tmp_path):
+    """quiet_reload_warnings writes vLLM's logging config to a temporary file for the engine
+    processes to read; the process that wrote it deletes it as it exits."""
+    code = ("from grpo_dist.rollout.vllm_engine import quiet_reload_warnings\n"
+            "env = {}\npath = quiet_reload_warnings(env)\n"
+            "import os\nassert os.path.exists(path) and env['VLLM_LOGGING_CONFIG_PATH'] == path\nprint(path)\n")
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    path = r.stdout.strip().splitlines()[-1]
+    assert path.startswith(str(tmp_path)) and not os.path.exists(path), sorted(os.listdir(tmp_path))

@@ -34,6 +34,12 @@ class ParsedTurn:
     calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # one line per malformed call, for the model to read
     content: str = ""  # the text outside the calls
+    items: list[ToolCall | str] = field(default_factory=list)  # calls and error lines, in the order written
+
+    def in_order(self) -> list[ToolCall | str]:
+        """Every call (a ToolCall, or its error line if malformed) in the order the model wrote
+        them; a parser that fills only ``calls`` and ``errors``: the calls, then the errors."""
+        return list(self.items) if self.items else [*self.calls, *self.errors]
 
     @property
     def attempted(self) -> int:
@@ -94,10 +100,12 @@ class HermesParser:
                 out.calls.append(call)
             else:
                 out.errors.append(err)
+            out.items.append(call if call is not None else err)
         tail = text[last:]
         if self.open in tail:  # opened, never closed
             cut = tail.index(self.open)
             out.errors.append(f"tool call not closed with {self.close}: {_short(tail[cut:])}")
+            out.items.append(out.errors[-1])
             tail = tail[:cut]
         rest.append(tail)
         out.content = "".join(rest).strip()

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import grpo_dist.envs.builtin  # noqa: F401  (registers calculator, guess_number, python_code, tools)
 import grpo_dist.envs.single_turn  # noqa: F401  (registers single_turn)
-from grpo_dist.envs.base import _ENVS, Env, EnvLimits
+from grpo_dist.envs.base import _ENVS, Env, EnvLimits, call
 from grpo_dist.envs.chat import TemplateError, check_template
 from grpo_dist.envs.tools import TRLEnv
 from grpo_dist.util.plugins import load_object
@@ -94,16 +94,51 @@ class EnvSource:
         return self.factory(self.name_of(record))()
 
 
-def check_envs(r: Any, tokenizer: Any, records: list[Any]) -> None:
+def check_envs(r: Any, tokenizer: Any, records: list[Any]) -> dict[str, tuple[Any, Any]]:
     """Start-up checks of a multi-turn config (``r`` = ``cfg.rollout``): every environment that
-    the config and the records' ``env_column`` name resolves, and the model's chat template is
-    prefix-preserving (:func:`grpo_dist.envs.chat.check_template`). ValueError naming the problem."""
+    the config and the records' ``env_column`` name resolves, one instance of each is made (its
+    keyword arguments, its tools and their schemas) and reset on the first record that names it,
+    and the model's chat template is prefix-preserving (:func:`grpo_dist.envs.chat.check_template`).
+    ValueError naming the problem. Returns ``{name: (record, env, opening)}``: each environment
+    made, the record it was reset on (None: no records) and what its reset returned."""
     source = EnvSource.from_config(r)
     if source is None:
-        return
-    for name in sorted({source.name_of(rec) for rec in records}):
-        source.factory(name)
+        return {}
+    first: dict[str, Any] = {}
+    for rec in records:
+        first.setdefault(source.name_of(rec), rec)
+    if not first:
+        first[source.default] = None
+    out = {}
+    for name in sorted(first):
+        out[name] = (first[name], *_try_env(source, name, first[name], r))
     try:
         check_template(tokenizer)
     except TemplateError as e:
         raise ValueError(f"model.path's tokenizer: {e}") from None
+    return out
+
+
+def _try_env(source: EnvSource, name: str, record: Any, r: Any) -> tuple[Env, Any]:
+    """Make environment ``name`` and reset it on ``record`` (None: not reset); it and its opening."""
+    factory = source.factory(name)
+    entry = source.named.get(name)
+    kwargs = entry.get("kwargs") if entry is not None else r.env_kwargs if name == source.default else None
+    what = f"environment {name!r}" + (f" with rollout.env_kwargs {kwargs!r}" if kwargs and entry is None else
+                                      f" (rollout.envs) with kwargs {kwargs!r}" if kwargs else "")
+    try:
+        env = factory()
+    except Exception as e:  # noqa: BLE001 - whatever the constructor raises is the user's config
+        raise ValueError(f"{what} cannot be made: {type(e).__name__}: {_line(e)}") from None
+    if record is None:
+        return env, None
+    try:
+        return env, call(env.reset, record)
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"{what}: reset raised on record {getattr(record, 'id', '?')}: {type(e).__name__}: "
+                         f"{_line(e)}") from None
+
+
+def _line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else ""

@@ -10,7 +10,8 @@ What a TRL user has works unchanged:
 :class:`ToolEnv` is the environment: ``reset`` opens with the question (a system prompt
 first if given); each ``step`` parses the assistant's tool calls (``rollout.tool_parser``),
 runs at most ``rollout.max_parallel_calls`` of them concurrently, each with
-``rollout.tool_timeout_s``, and answers with one ``tool`` message per call. A malformed call,
+``rollout.tool_timeout_s``, and answers with one ``tool`` message per call, in the order the calls
+were written. A malformed call,
 an unknown tool, bad arguments, an exception or a timeout becomes an ``Error: ...`` tool
 message and is counted (``info``: tool_calls, tool_errors, tool_timeouts, tool_malformed); the
 run goes on. A turn without a tool call is the final answer: done, scored by
@@ -129,11 +130,15 @@ class ToolEnv:
         if parsed.attempted == 0:  # no call: the final answer
             return EnvStep(done=True, reward=await acall(self.score, completion))
         limit = self.limits.max_parallel_calls
-        calls, extra = parsed.calls[:limit], parsed.calls[limit:]
-        results = list(await asyncio.gather(*(self.run_call(c) for c in calls)))
-        results += [ToolResult(c.name, f"Error: at most {limit} tool call(s) per turn; {c.name} was not run",
-                               error=True) for c in extra]
-        results += [ToolResult("error", f"Error: {e}", error=True) for e in parsed.errors]
+        items = parsed.in_order()
+        run_these = [c for c in items if isinstance(c, ToolCall)][:limit]
+        ran = iter(await asyncio.gather(*(self.run_call(c) for c in run_these)))
+        chosen = {id(c) for c in run_these}
+        # one result per call, in the order written (the model matches them by position)
+        results = [ToolResult("error", f"Error: {c}", error=True) if not isinstance(c, ToolCall) else
+                   next(ran) if id(c) in chosen else
+                   ToolResult(c.name, f"Error: at most {limit} tool call(s) per turn; {c.name} was not run", error=True)
+                   for c in items]
         info = {"tool_calls": parsed.attempted, "tool_errors": sum(r.error for r in results),
                 "tool_timeouts": sum(r.timed_out for r in results), "tool_malformed": len(parsed.errors)}
         return EnvStep(messages=[{"role": "tool", "name": r.name, "content": r.content} for r in results], info=info)

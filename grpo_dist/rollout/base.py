@@ -32,7 +32,7 @@ class Sample:
     token_ids: list[int]
     text: str
     logprobs: list[float]
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "abort" (the engine aborted the request)
 
 
 class Generator(abc.ABC):

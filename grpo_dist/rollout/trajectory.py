@@ -18,7 +18,7 @@ from grpo_dist.envs.base import Env, EnvLimits, EnvStep, acall
 from grpo_dist.envs.chat import (MessageEncoder, cap_tool_messages, encode_opening, first_difference, has_template,
                                  opening_messages, render)
 from grpo_dist.rollout.base import Sample, SamplingSpec
-from grpo_dist.types import TOOL_COUNTERS, Rollout
+from grpo_dist.types import TOOL_COUNTERS, Rollout, StopReason
 
 log = logging.getLogger("grpo_dist.rollout")
 _MASK63 = (1 << 63) - 1
@@ -44,6 +44,7 @@ class Trajectory:
     sanity_diff: int | None = None
     tools: list[dict[str, Any]] | None = None  # schemas the opening passed through the template's tools=
     transcript: list[dict[str, Any]] = field(default_factory=list)  # the turns after the prompt as text (W&B table)
+    versions: list[int] = field(default_factory=list)  # the weight version each turn was sampled with
 
     def add(self, ids: list[int], logprobs: list[float] | None) -> None:
         self.ids += ids
@@ -58,20 +59,22 @@ class Trajectory:
         if step.reward is not None:
             self.reward = (self.reward or 0.0) + float(step.reward)
 
-    def take(self, sample: Sample, m: int, spec: SamplingSpec, lim: EnvLimits, tok: Any) -> tuple[str | None, str]:
-        """Append a sampled turn (limit ``m``); returns why it was cut (or None) and its text, for
+    def take(self, sample: Sample, m: int, spec: SamplingSpec, lim: EnvLimits, tok: Any,
+             version: int = 0) -> tuple[str | None, str]:
+        """Append a turn sampled with weights ``version`` (limit ``m``); returns why it was cut (or None) and its text, for
         the environment and the conversation alike: what the model wrote, special tokens included
         (a tool call may be written in them), only the end-of-turn token left out (what a faithful
         re-render of the history puts there)."""
         self.add(list(sample.token_ids), list(sample.logprobs))
         self.turns += 1
+        self.versions.append(int(version))
         text = said(tok, sample.token_ids)
         self.transcript.append({"role": "assistant", "content": text})
-        cut = None
+        cut = StopReason.ABORT if sample.finish_reason == "abort" else None
         if sample.finish_reason == "length":
-            cut = ("length" if m == spec.max_tokens else
-                   "budget" if lim.max_total_tokens is not None and len(self.ids) >= lim.max_total_tokens
-                   else "context")
+            cut = (StopReason.LENGTH if m == spec.max_tokens else
+                   StopReason.BUDGET if lim.max_total_tokens is not None and len(self.ids) >= lim.max_total_tokens
+                   else StopReason.CONTEXT)
         return cut, text
 
     def advance(self, cut: str | None, said_text: str, answer: Any, lim: EnvLimits, tok: Any, encode: MessageEncoder,
@@ -87,9 +90,9 @@ class Trajectory:
         self.counters["tool_truncated"] += n_cut
         extra = encode(msgs, self.ids[-1] if self.ids else None)
         if lim.max_total_tokens is not None and len(self.ids) + len(extra) >= lim.max_total_tokens:
-            self.stop_reason = "budget"
+            self.stop_reason = StopReason.BUDGET
         elif len(self.prompt_ids) + len(self.ids) + len(extra) >= max_model_len:
-            self.stop_reason = "context"
+            self.stop_reason = StopReason.CONTEXT
         else:
             self.add(extra, None)
             self.transcript += [dict(m) for m in msgs]
@@ -120,7 +123,7 @@ def open_trajectory(tok: Any, record: Any, prompt_ids: list[int], seed: int | No
     """A trajectory from its environment's opening (None: the record's prompt ids; an exception:
     already ended as env_error)."""
     if isinstance(opening, BaseException):
-        return Trajectory(record, list(prompt_ids), seed, env, None, stop_reason="env_error")
+        return Trajectory(record, list(prompt_ids), seed, env, None, stop_reason=StopReason.ENV_ERROR)
     if opening is None:
         return Trajectory(record, list(prompt_ids), seed, env, None)
     schemas, parser = getattr(env, "tools", None), getattr(env, "parser", None)
@@ -129,15 +132,23 @@ def open_trajectory(tok: Any, record: Any, prompt_ids: list[int], seed: int | No
     return Trajectory(record, ids, seed, env, msgs, tools=tools)
 
 
-def turn_spec(t: Trajectory, spec: SamplingSpec, lim: EnvLimits, max_model_len: int) -> SamplingSpec:
+def turn_spec(t: Trajectory, spec: SamplingSpec, lim: EnvLimits, max_model_len: int) -> SamplingSpec | None:
     """The next turn's sampling: ``rollout.max_tokens`` within the budget and the context, the
-    stop strings plus the environment's (a parser's ``</tool_call>``)."""
+    stop strings plus the environment's (a parser's ``</tool_call>``). None when no token fits:
+    the trajectory then ends (``context``: the context is full, e.g. an opening longer than the
+    prompts pre-flight measured; ``budget``), and no request goes to the engine (vLLM refuses a
+    prompt that fills ``max_model_len``, failing the whole batch with it)."""
     m = min(spec.max_tokens, max_model_len - len(t.prompt_ids) - len(t.ids))
+    if m < 1:
+        t.stop_reason = StopReason.CONTEXT
+        return None
     if lim.max_total_tokens is not None:
         m = min(m, lim.max_total_tokens - len(t.ids))
+        if m < 1:
+            t.stop_reason = StopReason.BUDGET
+            return None
     stop = list(dict.fromkeys(list(spec.stop) + list(getattr(t.env, "stop", None) or [])))
-    return SamplingSpec(n=1, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k, max_tokens=max(1, m),
-                        stop=stop)
+    return SamplingSpec(n=1, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k, max_tokens=m, stop=stop)
 
 
 async def reset(env: Env, record: Any):
@@ -158,10 +169,10 @@ async def step(t: Trajectory, text: str, lim: EnvLimits) -> Any:
     try:
         return await asyncio.wait_for(acall(t.env.step, text), left)
     except asyncio.TimeoutError:
-        return "timeout"
+        return StopReason.TIMEOUT
     except Exception:  # noqa: BLE001 - the trajectory ends as env_error, the run goes on
         warn_once("step", f"environment {type(t.env).__name__}.step raised: {traceback.format_exc()}")
-        return "env_error"
+        return StopReason.ENV_ERROR
 
 
 def why_stop(t: Trajectory, cut: str | None, answer: Any, lim: EnvLimits) -> str | None:
@@ -170,9 +181,9 @@ def why_stop(t: Trajectory, cut: str | None, answer: Any, lim: EnvLimits) -> str
     if cut is not None:  # a cut turn ends the trajectory as truncated, whatever the environment made of it
         return cut
     if answer.done:
-        return "done"
+        return StopReason.DONE
     if t.turns >= lim.max_turns:
-        return "max_turns"
+        return StopReason.MAX_TURNS
     return None
 
 
@@ -191,26 +202,37 @@ async def finish(t: Trajectory, timeout: float | None) -> None:
 
 
 def to_rollout(tok: Any, t: Trajectory, version: int, check: bool) -> Rollout:
+    """The Rollout of a finished trajectory; its ``adapter_version`` is the oldest version its
+    turns ran with (``version``, the engine's, if it sampled none)."""
     if check:
         t.sanity_diff = sanity(tok, t)
     extra = {"env_sanity_diff": t.sanity_diff} if t.sanity_diff is not None else {}
     return make_rollout(tok, t.record, t.prompt_ids, t.ids, t.logprobs, t.mask, t.stop_reason, t.turns, t.reward,
-                        t.counters, t.transcript, version, extra)
+                        t.counters, t.transcript, version, list(t.versions), extra)
 
 
 def make_rollout(tok: Any, rec: Any, prompt_ids: list[int], ids: list[int], logprobs: list[float], mask: list[int],
-                 stop: str, turns: int, reward: float | None, counters: dict[str, Any], messages: Any, version: int,
-                 extra: dict[str, Any] | None = None) -> Rollout:
+                 stop: str | None, turns: int, reward: float | None, counters: dict[str, Any], messages: Any,
+                 version: int, weight_versions: list[int], extra: dict[str, Any] | None = None) -> Rollout:
     """The Rollout of one trajectory, an environment's (:func:`to_rollout`) or a rollout function's
     (``user_fn.to_rollout``): the record's columns plus the trajectory's own (stop reason,
-    truncated, turns, env_reward, every tool counter, ``extra``)."""
+    truncated, turns, env_reward, every tool counter, ``extra``); its ``adapter_version`` is the
+    oldest of ``weight_versions`` (``version``, the engine's, if it sampled none)."""
+    name = None if stop is None else str(stop)
     cols = dict(rec.columns)
-    cols.update(stop_reason=stop, truncated=stop != "done", turns=turns, env_reward=reward,
+    cols.update(stop_reason=name, truncated=stop != StopReason.DONE, turns=turns, env_reward=reward,
                 **{k: int(counters.get(k) or 0) for k in TOOL_COUNTERS}, **(extra or {}))
     return Rollout(prompt_id=rec.id, prompt=rec.prompt, prompt_ids=prompt_ids, completion_ids=ids,
                    completion=tok.decode(ids, skip_special_tokens=True), logprobs=logprobs,
-                   finish_reason="stop" if stop == "done" else "length", adapter_version=version, columns=cols,
-                   loss_mask=mask, turns=turns, stop_reason=stop, messages=messages)
+                   finish_reason=finish_reason(stop), adapter_version=min(weight_versions, default=version),
+                   columns=cols, loss_mask=mask, turns=turns, stop_reason=name, messages=messages,
+                   weight_versions=list(weight_versions))
+
+
+def finish_reason(stop: str | None) -> str:
+    """A trajectory's ``finish_reason``: "stop" when done, "abort" when the engine aborted it,
+    else "length" (cut by a limit, or ended otherwise: truncated)."""
+    return "stop" if stop == StopReason.DONE else "abort" if stop == StopReason.ABORT else "length"
 
 
 def sanity(tok: Any, t: Trajectory) -> int:

@@ -20,7 +20,10 @@ that ended by itself; else it is cut by a limit (``truncated``, ``finish_reason`
 * ``context``: the next turn would not fit in ``model.max_model_len``;
 * ``timeout``: ``rollout.trajectory_timeout_s`` of wall clock passed (checked before each turn
   and bounding each ``step``);
-* ``env_error``: the environment's ``reset``/``step`` raised (logged with its traceback once).
+* ``env_error``: the environment's ``reset``/``step`` raised (logged with its traceback once);
+* ``abort``: the engine aborted the turn's request.
+
+(``grpo_dist.types.StopReason`` lists them.)
 
 Tool results longer than ``rollout.max_tool_result_tokens`` are cut in the middle. The stop
 reason, ``truncated``, the turn count, the summed ``info`` counters (tool_calls, tool_errors,
@@ -40,7 +43,7 @@ from grpo_dist.envs.registry import EnvSource
 from grpo_dist.rollout.base import Generator, SamplingSpec, generate_each
 from grpo_dist.rollout.trajectory import (Trajectory, encoder_for, expired, finish, open_trajectory, reset, step,
                                           to_rollout, turn_seed, turn_spec)
-from grpo_dist.types import RolloutGroup
+from grpo_dist.types import RolloutGroup, StopReason
 
 __all__ = ["run_trajectories", "turn_seed"]
 
@@ -59,9 +62,11 @@ def run_trajectories(engine: Generator, records: list[Any], prompt_ids: list[lis
     while active:
         for t in active:
             if expired(t, lim):
-                t.stop_reason = "timeout"
-        active = [t for t in active if t.stop_reason is None]
-        turns = _generate(engine, active, spec, lim, max_model_len)
+                t.stop_reason = StopReason.TIMEOUT
+        # None: no room for a token left (stop_reason context / budget set); no request is sent
+        pairs = [(t, turn_spec(t, spec, lim, max_model_len)) for t in active if t.stop_reason is None]
+        active, specs = [t for t, s in pairs if s is not None], [s for _, s in pairs if s is not None]
+        turns = _generate(engine, active, specs, spec, lim, version)
         answers = run(_gather([step(t, text, lim) for t, (_, text) in zip(active, turns)]))
         active = [t for t, (cut, said), answer in zip(active, turns, answers)
                   if t.advance(cut, said, answer, lim, tok, encode, max_model_len)]
@@ -74,10 +79,11 @@ async def _gather(coros: list) -> list:
     return list(await asyncio.gather(*coros))
 
 
-def _generate(engine: Generator, active: list[Trajectory], spec: SamplingSpec, lim, max_model_len: int) -> list:
-    """One turn for every trajectory (one engine call per distinct token limit and stop strings:
-    :func:`~grpo_dist.rollout.base.generate_each`); returns ``Trajectory.take``'s answer for each."""
-    specs = [turn_spec(t, spec, lim, max_model_len) for t in active]
+def _generate(engine: Generator, active: list[Trajectory], specs: list[SamplingSpec], spec: SamplingSpec, lim,
+              version: int) -> list:
+    """One turn for every trajectory (``specs[i]``: trajectory i's; one engine call per distinct
+    token limit and stop strings: :func:`~grpo_dist.rollout.base.generate_each`); returns
+    ``Trajectory.take``'s answer for each."""
     seeds = [None if t.seed is None else turn_seed(t.seed, t.turns) for t in active]
     samples = generate_each(engine, [t.prompt_ids + t.ids for t in active], specs, seeds)
-    return [t.take(s, one.max_tokens, spec, lim, engine.tokenizer) for t, s, one in zip(active, samples, specs)]
+    return [t.take(s, one.max_tokens, spec, lim, engine.tokenizer, version) for t, s, one in zip(active, samples, specs)]

@@ -8,8 +8,9 @@ trajectory waiting on a tool (or a long one) holds back no other. Ids, masks, li
 reasons and columns are those of the lock-step loop (grpo_dist/rollout/trajectory.py): with the
 same seeds, the same tokens. ``trajectory_timeout_s`` also bounds a turn's generation here.
 
-A trajectory's ``adapter_version`` is the oldest version any of its turns ran with (weights may
-change between turns; each token's behaviour log-prob is that of the version that sampled it).
+A trajectory keeps the version each turn ran with (``Rollout.weight_versions``: weights may change
+between turns; each token's behaviour log-prob is that of the version that sampled it); its
+``adapter_version`` is the oldest of them, the one staleness counts from.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from grpo_dist.envs.registry import EnvSource
 from grpo_dist.rollout.base import SamplingSpec
 from grpo_dist.rollout.trajectory import (Trajectory, encoder_for, expired, finish, open_trajectory, reset, step,
                                           to_rollout, turn_seed, turn_spec)
-from grpo_dist.types import RolloutGroup
+from grpo_dist.types import RolloutGroup, StopReason
 
 
 async def run_group_async(engine: Any, record: Any, prompt_ids: list[int], spec: SamplingSpec,
@@ -42,22 +43,22 @@ async def run_trajectory(engine: Any, record: Any, prompt_ids: list[int], spec: 
     encode = encoder_for(tok)
     env = source.make(record)
     t = open_trajectory(tok, record, prompt_ids, seed, env, await reset(env, record))
-    versions: list[int] = []
     while t.stop_reason is None:
         if expired(t, lim):
-            t.stop_reason = "timeout"
+            t.stop_reason = StopReason.TIMEOUT
             break
         one = turn_spec(t, spec, lim, max_model_len)
+        if one is None:  # no room for a token: stop_reason context / budget
+            break
         left = None if lim.trajectory_timeout_s is None else lim.trajectory_timeout_s - (time.monotonic() - t.started)
         try:
             samples, version = await asyncio.wait_for(
                 engine.generate_group(t.prompt_ids + t.ids, one, None if t.seed is None else [turn_seed(t.seed, t.turns)],
                                       min_version), left)
         except asyncio.TimeoutError:  # the request is cancelled (vLLM aborts it)
-            t.stop_reason = "timeout"
+            t.stop_reason = StopReason.TIMEOUT
             break
-        versions.append(version)
-        cut, text = t.take(samples[0], one.max_tokens, spec, lim, tok)
+        cut, text = t.take(samples[0], one.max_tokens, spec, lim, tok, version)
         t.advance(cut, text, await step(t, text, lim), lim, tok, encode, max_model_len)
     await finish(t, lim.tool_timeout_s)
-    return t, min(versions) if versions else int(getattr(engine, "version", 0))
+    return t, min(t.versions, default=int(getattr(engine, "version", 0)))

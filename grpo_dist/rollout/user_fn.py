@@ -18,8 +18,9 @@ It returns a dict: ``completion_ids`` (every token after the prompt), ``loss_mas
 0 = not: e.g. an injected user turn) and ``logprobs`` (the behaviour log-prob of every token with
 mask 1; anything, e.g. 0.0 or None, where the mask is 0), all of one length; optional
 ``prompt_ids`` (default ``client.prompt_ids``), ``reward`` (the ``env_reward`` column), ``info``
-(numeric tool counters summed into the columns as environments' are), ``stop_reason`` (default
-"done"; anything else counts as truncated) and ``messages`` (the turns after the prompt, for the
+(numeric tool counters summed into the columns as environments' are), ``stop_reason`` (one of
+:class:`grpo_dist.types.StopReason`: done (the default), length, budget, context, max_turns,
+timeout, env_error, abort; anything but done counts as truncated) and ``messages`` (the turns after the prompt, for the
 W&B conversation table). What it returns is checked; a violation (or an exception) stops the run
 with an error naming the function. The rows become Rollouts exactly as environment trajectories
 do (same columns), so rewards, batches and the learner treat them alike.
@@ -35,7 +36,7 @@ from typing import Any, Callable
 from grpo_dist.envs.base import acall, env_loop, run
 from grpo_dist.rollout.base import Generator, SamplingSpec, generate_each
 from grpo_dist.rollout.trajectory import make_rollout, turn_seed
-from grpo_dist.types import TOOL_COUNTERS, Rollout, RolloutGroup
+from grpo_dist.types import TOOL_COUNTERS, Rollout, RolloutGroup, StopReason
 from grpo_dist.util.plugins import load_object
 
 REQUIRED = ("completion_ids", "loss_mask", "logprobs")
@@ -70,8 +71,20 @@ class _Batcher:
     def __init__(self, engine: Generator, live: int):
         self.engine, self.live, self.pending = engine, live, []
         self.wake = asyncio.Event()
+        self.closed: BaseException | None = None
+
+    def close(self, why: BaseException) -> None:
+        """No more engine calls: every waiting call and every later one raises ``why`` (so the
+        functions still running, and their threads, end)."""
+        self.closed = why
+        batch, self.pending = self.pending, []
+        for *_, fut in batch:
+            if not fut.done():
+                fut.set_exception(why)
 
     async def submit(self, ids: list[int], spec: SamplingSpec, seed: int | None) -> Generation:
+        if self.closed is not None:
+            raise self.closed
         fut = asyncio.get_running_loop().create_future()
         self.pending.append((ids, spec, seed, fut))
         self.wake.set()
@@ -180,8 +193,17 @@ class UserRollouts:
             return to_rollout(self.spec, rec, pids, out, client.calls, version, engine.tokenizer, max_model_len)
 
         driver = asyncio.ensure_future(batcher.drive())
+        tasks = [asyncio.ensure_future(one(i, j)) for i in range(len(records)) for j in range(spec.n)]
         try:
-            flat = await asyncio.gather(*(one(i, j) for i in range(len(records)) for j in range(spec.n)))
+            flat = await asyncio.gather(*tasks)
+        except BaseException as e:
+            # one function failed: the others' engine calls fail too, so they (and their threads) end
+            batcher.close(RuntimeError(f"rollout.rollout_fn: a sibling trajectory failed ({type(e).__name__})"))
+            done, _ = await asyncio.wait(tasks, timeout=30)  # bounded: a function that swallows the error is abandoned
+            for t in done:
+                if not t.cancelled():
+                    t.exception()  # retrieved: no "never retrieved" warnings
+            raise
         finally:
             driver.cancel()
         return [RolloutGroup(prompt_id=rec.id, rollouts=list(flat[i * spec.n:(i + 1) * spec.n]))
@@ -197,8 +219,8 @@ def to_rollout(name: str, rec: Any, prompt_ids: list[int], out: Any, calls: int,
     info = out.get("info") or {}
     counters = {k: info[k] for k in TOOL_COUNTERS if isinstance(info.get(k), (int, float))}
     return make_rollout(tok, rec, out["prompt_ids"], out["completion_ids"], logprobs, mask,
-                        str(out.get("stop_reason") or "done"), calls, out.get("reward"), counters, out.get("messages"),
-                        version)
+                        str(out.get("stop_reason") or StopReason.DONE), calls, out.get("reward"), counters,
+                        out.get("messages"), version, [version] * calls)
 
 
 def check_result(name: str, record_id: Any, out: Any, prompt_ids: list[int], max_model_len: int,
@@ -246,4 +268,6 @@ def check_result(name: str, record_id: Any, out: Any, prompt_ids: list[int], max
         raise bad(f"info as a {type(out['info']).__name__}, not a dict")
     if out.get("reward") is not None and not isinstance(out["reward"], (int, float)):
         raise bad(f"reward {out['reward']!r}, not a number")
+    if out.get("stop_reason") is not None and str(out["stop_reason"]) not in {str(r) for r in StopReason}:
+        raise bad(f"stop_reason {out['stop_reason']!r}, not one of {', '.join(str(r) for r in StopReason)}")
     return out

@@ -8,6 +8,7 @@ learner recomputes as ``log_softmax(logits / T)``. LoRA versions are served with
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import os
@@ -66,7 +67,15 @@ def quiet_reload_warnings(environ=os.environ) -> str | None:
     with os.fdopen(fd, "w") as f:
         json.dump(cfg, f)
     environ["VLLM_LOGGING_CONFIG_PATH"] = path
+    atexit.register(_remove, path)  # the engine processes read it as they start; this process outlives them
     return path
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def supported_lora_rank(r: int) -> int:
@@ -139,7 +148,8 @@ def to_sample(c, tokenizer=None) -> Sample:
     ids = list(c.token_ids)
     lps = [float(step[tok].logprob) for step, tok in zip(c.logprobs or [], ids)]
     text = tokenizer.decode(ids, skip_special_tokens=True) if tokenizer is not None else c.text
-    return Sample(token_ids=ids, text=text, logprobs=lps, finish_reason="length" if c.finish_reason == "length" else "stop")
+    reason = c.finish_reason if c.finish_reason in ("length", "abort") else "stop"  # an abort is not a stop
+    return Sample(token_ids=ids, text=text, logprobs=lps, finish_reason=reason)
 
 
 def in_process_llm(kwargs: dict):

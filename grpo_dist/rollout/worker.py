@@ -166,13 +166,15 @@ class RolloutWorker(WeightGroupMember):
         if asleep:  # weights first, then the KV cache: waking both at once is the known OOM
             self.engine.wake_up(["weights"])
         t_woke = time.perf_counter()
-        if update.is_lora:
-            self.engine.set_adapter(update.version, str(path))
-        else:
-            self.engine.load_full_weights(str(path))
-        t_loaded = time.perf_counter()
-        if asleep:
-            self.engine.wake_up(["kv_cache"])
+        try:
+            if update.is_lora:
+                self.engine.set_adapter(update.version, str(path))
+            else:
+                self.engine.load_full_weights(str(path))
+        finally:  # a failed load too: the engine keeps serving the version it had, awake
+            t_loaded = time.perf_counter()
+            if asleep:
+                self.engine.wake_up(["kv_cache"])
         self.version = update.version
         t2 = time.perf_counter()
         wake = (t_woke - t1) + (t2 - t_loaded)  # timing/sync_wake (0 unless the engine slept: colocated on GPU)

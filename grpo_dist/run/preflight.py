@@ -12,7 +12,10 @@ Each problem is a :class:`~grpo_dist.config.ConfigError` with one line naming th
   for ``correctness``; any parameter without a default for a plug-in);
 * prompts: none empty, none longer than ``data.max_prompt_tokens`` (default
   ``model.max_model_len - rollout.max_tokens``) tokens; longer ones stop the run or, with
-  ``data.overlong_prompts: drop``, are dropped, counted and logged.
+  ``data.overlong_prompts: drop``, are dropped, counted and logged;
+* multi-turn: one instance of each environment is made and reset on a record (its keyword
+  arguments, tools and their schemas), and its opening (system prompt, tool schemas, examples,
+  the question) leaves ``rollout.max_tokens`` in ``model.max_model_len``.
 
 :func:`prepared_data` returns the checked (and filtered) records; the result is cached per
 config, so the CLI's early check and ``Run.start`` load the data once (the cache ignores the run's identity: run id, resolved output_dir).
@@ -84,10 +87,11 @@ def check(cfg: Config, log_fn: Callable[[str], None] = print) -> Checked:
                 _check_columns(records, rewards, key_name, source)
     tokenizer = check_model(cfg)
     try:  # multi-turn: the environments the records name, and a prefix-preserving chat template
-        check_envs(cfg.rollout, tokenizer, list(train or []) + list(evals or []))
+        made = check_envs(cfg.rollout, tokenizer, list(train or []) + list(evals or []))
     except ValueError as e:
         raise ConfigError(f"rollout.env: {_first_line(e)}") from None
     room = cfg.model.max_model_len - cfg.rollout.max_tokens
+    _check_openings(cfg, tokenizer, made, room)
     limit = cfg.data.max_prompt_tokens or room
     out = Checked(train=train, evals=evals, max_prompt_tokens=limit)
     for split, key_name, source, records in splits:
@@ -233,6 +237,29 @@ def _check_lengths(cfg: Config, tokenizer: Any, records: list[Any], limit: int, 
     log.warning(msg)
     log_fn(msg)
     return [r for i, r in enumerate(records) if i not in skip], [n for i, n in enumerate(lens) if i not in skip]
+
+
+def _check_openings(cfg: Config, tokenizer: Any, made: dict[str, tuple[Any, Any, Any]], room: int) -> None:
+    """An environment's opening (system prompt, tool schemas, examples, the question) is the
+    prompt a trajectory starts from: it must leave ``rollout.max_tokens`` in ``model.max_model_len``
+    (measured on the record pre-flight reset each environment on)."""
+    from grpo_dist.envs.chat import encode_opening
+
+    quiet = logging.getLogger("transformers.tokenization_utils_base")  # "longer than the maximum" (said below)
+    for name, (record, env, opening) in made.items():
+        if not opening:
+            continue  # the record's prompt as it is: measured with the others
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)
+        try:
+            n = len(encode_opening(tokenizer, opening, getattr(env, "tools", None), getattr(env, "parser", None)))
+        finally:
+            quiet.setLevel(level)
+        if n > room:
+            raise ConfigError(f"rollout.env: environment {name!r} opens with {n} tokens on record {record.id} (its "
+                              f"system prompt, tool schemas, examples and the question), more than model.max_model_len "
+                              f"{cfg.model.max_model_len} - rollout.max_tokens {cfg.rollout.max_tokens} = {room}; "
+                              f"shorten the opening or raise model.max_model_len")
 
 
 def _first_line(e: BaseException) -> str:
