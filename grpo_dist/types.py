@@ -57,6 +57,9 @@ class Rollout:
     # multi-turn: the turns after the prompt ({"role", "content"[, "name"]}: assistant and environment
     # messages, as text), for the W&B conversation table; None: single turn, or not recorded
     messages: list[dict[str, Any]] | None = None
+    # an agent trajectory (rollout.agent) whose history was rewritten: its earlier segments, each with
+    # its own prompt, trained as samples of their own with this rollout's advantage; None: one segment
+    segments: list["Rollout"] | None = None
 
     @property
     def truncated(self) -> bool:
