@@ -98,6 +98,9 @@ class RolloutConfig(Section):
                                  "tools, completions, models); returns a reward (env_reward) or None; see "
                                  "grpo_dist/rollout/agent.py. Batch pipeline only.")
     agent_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of rollout.agent.")
+    agent_tools_prompt: bool = Field(True, description="rollout.agent: state a request's tools in the system prompt in "
+                                     "rollout.tool_parser's format when the chat template takes no tools= (false: the "
+                                     "agent's own prompt describes them; the answers' tool calls are parsed either way).")
     env_sanity: bool = Field(False, description="Re-render every multi-turn trajectory through the chat template and "
                              "report the first token where the built ids differ (rollout/env_sanity_diff_frac, a warning).")
 

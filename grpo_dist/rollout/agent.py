@@ -83,7 +83,8 @@ class AgentRollouts:
             rec = records[i]
             traj = AgentTrajectory(tok, encoder_for(tok), r.max_tool_result_tokens)
             session = AgentSession(traj, batcher.submit, spec, seeds[i][j] if seeds is not None else None,
-                                   max_model_len, budget, r.max_turns, r.tool_parser, self.server.model)
+                                   max_model_len, budget, r.max_turns, r.tool_parser, self.server.model,
+                                   r.agent_tools_prompt)
             tid, url = self.server.open(session)
             reward, stop = None, None
             try:

@@ -167,7 +167,8 @@ class AgentTrajectory:
     def count(self, key: str, n: float = 1.0) -> None:
         self.counters[key] = self.counters.get(key, 0.0) + n
 
-    def chat_prompt(self, messages: Any, schemas: list | None, parser: ToolParser | None) -> "Pending":
+    def chat_prompt(self, messages: Any, schemas: list | None, parser: ToolParser | None,
+                    state_tools: bool = True) -> "Pending":
         """Where a chat request samples: the current segment extended by the added messages'
         template tokens if the request extends it, else a new segment; nothing changes until
         :meth:`record`."""
@@ -184,7 +185,8 @@ class AgentTrajectory:
             extra = self.encoder(added, seg.ids[-1] if seg.ids else None)
             return Pending(seg, extra, [dict(m) for m in added], norm, cut)
         msgs = template_messages(norm, self.tok, schemas, parser)
-        return Pending(Segment("chat", encode_opening(self.tok, msgs, schemas, parser), key), [], [], norm)
+        stated = (schemas, parser) if state_tools or takes_tools(self.tok, schemas or []) else (None, None)
+        return Pending(Segment("chat", encode_opening(self.tok, msgs, *stated), key), [], [], norm)
 
     def completion_prompt(self, prompt_ids: list[int]) -> "Pending":
         seg = self.current

@@ -47,6 +47,7 @@ class AgentSession:
     max_turns: int
     tool_parser: str = "hermes"
     model: str = "policy"
+    state_tools: bool = True  # rollout.agent_tools_prompt
     calls: int = 0
     closed: bool = False
     cut: str | None = None  # why the last call (or a refused one) was cut by a limit
@@ -130,14 +131,16 @@ class AgentSession:
             if choice not in (None, "auto", "none"):
                 raise AgentRequestError("tool_choice: only 'auto' and 'none' are supported", param="tool_choice")
             parser: ToolParser | None = get_parser(self.tool_parser) if tools else None
-            p = self.traj.chat_prompt(body.get("messages"), tools, parser)
+            p = self.traj.chat_prompt(body.get("messages"), tools, parser, self.state_tools)
+            prompt = p.prompt
             out = await self._sample(p, body, list(parser.stop) if parser is not None and choice != "none" else [])
             text = self.traj.tok.decode(out.token_ids, skip_special_tokens=True)  # a stop string stays in
             message: dict[str, Any] = {"role": "assistant", "content": text}
             finish = "stop" if out.finish_reason == "stop" else "length"
             if parser is not None and choice != "none":
                 parsed = parser.parse(text)
-                self.traj.count("tool_calls", len(parsed.calls))
+                self.traj.count("tool_calls", parsed.attempted)  # as the tool environments count them
+                self.traj.count("tool_errors", len(parsed.errors))
                 self.traj.count("tool_malformed", len(parsed.errors))
                 if parsed.calls:
                     message["content"] = parsed.content or None
@@ -147,7 +150,7 @@ class AgentSession:
                         for k, c in enumerate(parsed.calls)]
                     finish = "tool_calls"
             self.traj.record(p, out.token_ids, out.logprobs, message, text)
-            return self._answer("chat.completion", {"message": message}, finish, p.prompt, out.token_ids)
+            return self._answer("chat.completion", {"message": message}, finish, prompt, out.token_ids)
 
     async def completion(self, body: Any) -> dict[str, Any]:
         async with self.lock:
@@ -164,11 +167,12 @@ class AgentSession:
                 raise AgentRequestError("prompt must be one non-empty string or one list of token ids of the "
                                         "model's vocabulary", param="prompt")
             p = self.traj.completion_prompt(ids)
+            prompt = p.prompt
             out = await self._sample(p, body, [])
             self.traj.record(p, out.token_ids, out.logprobs, None,
                              self.traj.tok.decode(out.token_ids, skip_special_tokens=True))
             return self._answer("text_completion", {"text": out.text},
-                                "stop" if out.finish_reason == "stop" else "length", p.prompt, out.token_ids)
+                                "stop" if out.finish_reason == "stop" else "length", prompt, out.token_ids)
 
     def _answer(self, obj: str, choice: dict[str, Any], finish: str, prompt: list[int], ids: list[int]) -> dict[str, Any]:
         """The response; as vLLM's ``return_token_ids``, it carries the prompt's and the sample's token ids."""
