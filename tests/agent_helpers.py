@@ -77,6 +77,10 @@ def bad_requests(base_url: str, row: dict, log: str | None = None) -> float:
             errors[name] = None
         except openai.APIStatusError as e:
             errors[name] = [e.status_code, e.message]
+    try:
+        client.embeddings.create(model="policy", input="x")
+    except openai.APIStatusError as e:
+        errors["embeddings"] = [e.status_code, e.message]
     ok = client.chat.completions.create(model="policy", messages=msgs, max_tokens=3)
     _log(log, errors=errors, ok=ok.choices[0].finish_reason)
     return 0.5
@@ -94,3 +98,17 @@ async def async_hang(base_url: str, row: dict, sleep_s: float = 30.0) -> float:
 
 def raises(base_url: str, row: dict) -> float:
     raise RuntimeError("the agent broke")
+
+
+def over_budget(base_url: str, row: dict, log: str | None = None) -> None:
+    """Asks for 100 tokens twice; the second call finds the trajectory's budget spent."""
+    client = openai.OpenAI(base_url=base_url, api_key="-", max_retries=0)
+    msgs = [{"role": "user", "content": "hi"}]
+    first = client.chat.completions.create(model="policy", messages=msgs, max_tokens=100)
+    msgs += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "go on"}]
+    try:
+        client.chat.completions.create(model="policy", messages=msgs, max_tokens=100)
+        second = None
+    except openai.BadRequestError as e:
+        second = [e.status_code, e.message]
+    _log(log, first=[first.usage.completion_tokens, first.choices[0].finish_reason], second=second)

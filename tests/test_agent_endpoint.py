@@ -177,6 +177,7 @@ def test_bad_requests_get_openai_errors_and_the_trajectory_goes_on(worker, tmp_p
     rollouts = _run(worker, "bad_requests", agent_kwargs={"log": str(log)})
     seen = [json.loads(x) for x in log.read_text().splitlines()]
     errors = seen[0]["errors"]
+    assert errors.pop("embeddings")[0] == 404
     assert all(v is not None and v[0] == 400 for v in errors.values()), errors
     assert "rollout.temperature 1.0" in errors["temperature"][1] and "rollout.top_p" in errors["top_p"][1]
     assert "streaming is not supported" in errors["stream"][1] and "n must be 1" in errors["n"][1]
@@ -196,3 +197,14 @@ def test_a_hung_agent_is_cut_and_a_raising_one_ends_its_trajectory(worker):
     assert all(sum(r.loss_mask) == len(r.completion_ids) > 0 for r in rollouts)  # its one call is kept
     rollouts = _run(worker, "raises")
     assert all(r.stop_reason == "agent_error" and r.completion_ids == [] for r in rollouts)
+
+
+@pytest.mark.slow
+def test_max_tokens_is_honoured_within_the_trajectory_budget(worker, tmp_path):
+    log = tmp_path / "log.jsonl"
+    rollouts = _run(worker, "over_budget", max_total_tokens=10, agent_kwargs={"log": str(log)})
+    for s in (json.loads(x) for x in log.read_text().splitlines()):
+        assert s["first"][0] <= 10 and (s["first"][1] == "length") == (s["first"][0] == 10)  # 100 asked, 10 left
+        if s["first"][0] == 10:  # the whole budget sampled: the next call is refused, saying why
+            assert s["second"][0] == 400 and "sampled its 10 tokens" in s["second"][1]
+    assert all(r.stop_reason == "budget" and sum(r.loss_mask) <= 10 for r in rollouts if sum(r.loss_mask) == 10)

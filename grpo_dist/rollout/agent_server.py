@@ -205,6 +205,7 @@ class AgentServer:
         app.router.add_post("/t/{tid}/v1/chat/completions", self._route("chat"))
         app.router.add_post("/t/{tid}/v1/completions", self._route("completion"))
         app.router.add_get("/t/{tid}/v1/models", self._models)
+        app.router.add_route("*", "/{tail:.*}", self._unknown)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         for attempt in range(5):
@@ -265,6 +266,11 @@ class AgentServer:
                 return self._json(error_body(f"{type(e).__name__}: {e}", 500), 500)
 
         return handle
+
+    async def _unknown(self, request):
+        return self._json(error_body(f"no route {request.method} {request.path}: a trajectory's base_url serves POST "
+                                     f"/chat/completions, POST /completions and GET /models", 404,
+                                     code="unknown_route"), 404)
 
     async def _models(self, request):
         try:
