@@ -71,7 +71,8 @@ def is_right(text: str | None, answer) -> bool:
 
 def solve(base_url: str, row: dict, model: str = "policy", max_calls: int = 3) -> float:
     """One trajectory: at most ``max_calls`` model calls; 1.0 for a right final answer."""
-    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    # generous timeouts: on a loaded machine a call waits for the batch it is part of (the SDK's connect timeout is 5 s)
+    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=3600.0)
     question = str(row.get("question") or row["prompt"]) + " Use the calculator."
     messages = [{"role": "system", "content": SYSTEM}, *EXAMPLE, {"role": "user", "content": question}]
     for _ in range(max_calls):
