@@ -57,19 +57,25 @@ def build_batch(groups: list[RolloutGroup], scores: RewardResult, group_size: in
                                 algo.overlong_buffer, algo.overlong_penalty) for r in rollouts]
     shaped = [x + s for x, s in zip(rewards, shaping)]
     adv = compute_advantages(shaped, group_size, algo)
+    # an agent trajectory's earlier segments (rollout.agent): samples of their own, after the groups, with its advantage
+    extra = [(s, a) for r, a in zip(rollouts, adv) for s in (r.segments or [])]
+    samples, adv = rollouts + [s for s, _ in extra], adv + [a for _, a in extra]
     masks = None  # all ones unless a trajectory holds environment tokens or truncated ones are masked
-    if algo.mask_truncated or any(r.loss_mask is not None for r in rollouts):
+    if algo.mask_truncated or any(r.loss_mask is not None for r in samples):
         masks = [[0.0] * len(r.completion_ids) if algo.mask_truncated and r.cut_by_length
                  else [float(x) for x in r.loss_mask] if r.loss_mask is not None
-                 else [1.0] * len(r.completion_ids) for r in rollouts]
+                 else [1.0] * len(r.completion_ids) for r in samples]
     batch = TrainBatch(
-        prompt_ids=[r.prompt_ids for r in rollouts],
-        completion_ids=[r.completion_ids for r in rollouts],
-        behaviour_logprobs=[r.logprobs for r in rollouts],
+        prompt_ids=[r.prompt_ids for r in samples],
+        completion_ids=[r.completion_ids for r in samples],
+        behaviour_logprobs=[r.logprobs for r in samples],
         advantages=adv, loss_mask=masks,
-        adapter_versions=[r.adapter_version for r in rollouts],
+        adapter_versions=[r.adapter_version for r in samples],
     )
     metrics = rollout_metrics(rollouts, rewards, scores, group_size)
+    if any(r.segments is not None or "agent_segments" in r.columns for r in rollouts):
+        metrics["rollout/agent_segments"] = float(len(extra))  # segments beyond each trajectory's first
+        metrics["rollout/agent_segments_mean"] = (len(extra) + len(rollouts)) / len(rollouts)
     if algo.overlong_buffer > 0:
         metrics["rollout/overlong_penalty_mean"] = sum(shaping) / len(shaping)
     metrics["rollout/advantage_abs_mean"] = sum(abs(a) for a in adv) / len(adv)

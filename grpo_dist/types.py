@@ -81,6 +81,9 @@ class Rollout:
     # multi-turn: the weight version each turn was sampled with, in order (slime keeps them per
     # sample); adapter_version is the oldest of them, the one staleness counts from. None: one turn
     weight_versions: list[int] | None = None
+    # an agent trajectory (rollout.agent) whose history was rewritten: its earlier segments, each with
+    # its own prompt, trained as samples of their own with this rollout's advantage; None: one segment
+    segments: list["Rollout"] | None = None
 
     @property
     def truncated(self) -> bool:

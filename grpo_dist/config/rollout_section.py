@@ -92,13 +92,22 @@ class RolloutConfig(Section):
                                       "(optional prompt_ids, reward, info, stop_reason, messages); see "
                                       "grpo_dist/rollout/user_fn.py. Batch pipeline only.")
     rollout_fn_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of rollout.rollout_fn.")
+    agent: Optional[str] = Field(None, description="An agent written against the OpenAI API instead of an environment: "
+                                 "'module:fn' / 'file.py:fn', called per trajectory as fn(base_url, row, **agent_kwargs) "
+                                 "with an OpenAI-compatible endpoint of the rollout worker (chat/completions with "
+                                 "tools, completions, models); returns a reward (env_reward) or None; see "
+                                 "grpo_dist/rollout/agent.py. Batch pipeline only.")
+    agent_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of rollout.agent.")
+    agent_tools_prompt: bool = Field(True, description="rollout.agent: state a request's tools in the system prompt in "
+                                     "rollout.tool_parser's format when the chat template takes no tools= (false: the "
+                                     "agent's own prompt describes them; the answers' tool calls are parsed either way).")
     env_sanity: bool = Field(False, description="Re-render every multi-turn trajectory through the chat template and "
                              "report the first token where the built ids differ (rollout/env_sanity_diff_frac, a warning).")
 
     @property
     def multi_turn(self) -> bool:
         """Trajectories of several turns: an environment other than single_turn, or a rollout function."""
-        return self.env != "single_turn" or bool(self.env_column) or bool(self.rollout_fn)
+        return self.env != "single_turn" or bool(self.env_column) or bool(self.rollout_fn) or bool(self.agent)
 
     @property
     def sampled_budget(self) -> int:
@@ -134,4 +143,11 @@ class RolloutConfig(Section):
             raise ValueError("rollout.rollout_fn replaces the environment: leave rollout.env and rollout.env_column unset")
         if self.rollout_fn and self.streaming:
             raise ValueError("rollout.rollout_fn runs in the batch pipeline: set rollout.streaming false")
+        if self.agent and (self.env != "single_turn" or self.env_column or self.rollout_fn):
+            raise ValueError("rollout.agent replaces the environment: leave rollout.env, rollout.env_column and "
+                             "rollout.rollout_fn unset")
+        if self.agent and self.streaming:
+            raise ValueError("rollout.agent runs in the batch pipeline: set rollout.streaming false")
+        if self.agent_kwargs and not self.agent:
+            raise ValueError("rollout.agent_kwargs without rollout.agent")
         return self

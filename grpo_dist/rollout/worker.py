@@ -12,6 +12,7 @@ from typing import Any
 
 from grpo_dist.config import Config
 from grpo_dist.devices import BIND_ENV, adapter_mode, engine_cpus, sleeps_while_learning, torch_threads
+from grpo_dist.rollout.agent import AgentRollouts
 from grpo_dist.rollout.base import Generator, SamplingSpec
 from grpo_dist.envs.registry import EnvSource
 from grpo_dist.rollout.seeds import SeedKey, sample_seeds
@@ -61,6 +62,7 @@ class RolloutWorker(WeightGroupMember):
         self.transport = make_transport(cfg)
         self.envs = EnvSource.from_config(cfg.rollout)  # None: single turn, the plain generate path
         self.user_fn = UserRollouts.from_config(cfg.rollout)  # rollout.rollout_fn (replaces the environment)
+        self.agent = AgentRollouts.from_config(cfg.rollout, cfg.model.path)  # rollout.agent: an OpenAI-API agent
 
     # -- lifecycle -------------------------------------------------------------------------
     def setup(self, peers_on_node: int = 1, index_on_node: int = 0, learners_on_node: int = 0) -> dict[str, Any]:
@@ -96,6 +98,8 @@ class RolloutWorker(WeightGroupMember):
         return self.engine is not None
 
     def close(self) -> None:
+        if self.agent is not None:
+            self.agent.close()
         if self.engine is not None:
             self.engine.close()
         if self.store is not None:
@@ -116,6 +120,9 @@ class RolloutWorker(WeightGroupMember):
         ``(seed, 0, record id)``; with neither, the engine's own random stream is used."""
         assert self.engine is not None, "call setup() first"
         spec, seeds, ids = self._prepare(prompts, n, temperature, seed, keys)
+        if self.agent is not None:  # an OpenAI-API agent: its requests recorded token in, token out
+            return self.agent.generate(self.engine, prompts, ids, spec, seeds, self.cfg.model.max_model_len,
+                                       self.version)
         if self.user_fn is not None:  # the user's rollout function: its ids, masks and log-probs, checked
             return self.user_fn.generate(self.engine, prompts, ids, spec, seeds, self.cfg.model.max_model_len,
                                          self.version)

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from grpo_dist.config import Config, ConfigError, dump_config
 from grpo_dist.envs.registry import check_envs, env_factory
+from grpo_dist.rollout.agent import load_agent
 from grpo_dist.rollout.user_fn import load_rollout_fn
 from grpo_dist.reward.columns import PIPELINE_COLUMNS, check_rewards, plan_eval
 from grpo_dist.types import PROMPT_MESSAGES
@@ -77,6 +78,11 @@ def check(cfg: Config, log_fn: Callable[[str], None] = print) -> Checked:
             load_rollout_fn(cfg.rollout.rollout_fn)
         except ValueError as e:
             raise ConfigError(f"rollout.rollout_fn: {_first_line(e)}") from None
+    if cfg.rollout.agent:  # the agent function loads as the rollout workers will load it
+        try:
+            load_agent(cfg.rollout.agent)
+        except ValueError as e:
+            raise ConfigError(f"rollout.agent: {_first_line(e)}") from None
     train, evals = load_data(cfg, log_fn)
     splits = [("train", "data.path", cfg.data.path, train), ("eval", "data.eval_path", cfg.data.eval_path, evals)]
     for split, key_name, source, records in splits:

@@ -1,0 +1,281 @@
+"""The OpenAI-compatible endpoint a rollout worker serves to ``rollout.agent`` functions.
+
+One aiohttp server per rollout worker, on 127.0.0.1 and a free port, on the environments' event
+loop; each trajectory gets its own base URL ``http://127.0.0.1:<port>/t/<id>/v1`` so requests are
+attributed to it. Routes under it: ``POST /chat/completions`` (``messages``, ``tools``,
+``tool_choice`` auto/none, ``max_tokens`` / ``max_completion_tokens``, ``stop``; the answer's
+``tool_calls`` parsed with ``rollout.tool_parser``), ``POST /completions`` (``prompt`` as text or
+token ids) and ``GET /models``.
+
+Sampling is the run's: ``temperature``, ``top_p`` and ``top_k`` come from ``rollout.*``, and a
+request that asks for other values gets a 400 (the behaviour log-probs must be those of the
+policy that trains). ``seed`` is ignored: call k of a trajectory samples with the seed derived
+from the trajectory's. ``n`` must be 1. ``stream: true`` is refused with a 400. Every refusal
+is an OpenAI-style error body ``{"error": {"message", "type", "param", "code"}}`` with a 4xx
+status, so the agent's SDK raises it with its reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from grpo_dist.envs.parsers import ToolParser, get_parser
+from grpo_dist.rollout.agent_segments import AgentRequestError, AgentTrajectory, Pending
+from grpo_dist.rollout.base import SamplingSpec
+from grpo_dist.rollout.trajectory import turn_seed
+
+log = logging.getLogger("grpo_dist.rollout")
+_FIXED = ("temperature", "top_p", "top_k")
+
+
+@dataclass
+class AgentSession:
+    """One trajectory's side of the endpoint: its token bookkeeping, its call count and seeds,
+    its budget."""
+
+    traj: AgentTrajectory
+    submit: Callable[..., Any]  # async (prompt_ids, SamplingSpec, seed) -> Generation (the batcher)
+    sampling: SamplingSpec  # the run's (rollout.*): temperature, top_p, top_k, max_tokens, stop
+    seed: int | None
+    max_model_len: int
+    budget: int  # tokens sampled over the whole trajectory (rollout.sampled_budget)
+    max_turns: int
+    tool_parser: str = "hermes"
+    model: str = "policy"
+    state_tools: bool = True  # rollout.agent_tools_prompt
+    calls: int = 0
+    closed: bool = False
+    cut: str | None = None  # why the last call (or a refused one) was cut by a limit
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def _limits(self, body: dict[str, Any], prompt_len: int) -> tuple[int, str]:
+        """The call's max_tokens and what bounds it ("length", "budget", "context")."""
+        asked = body.get("max_completion_tokens", body.get("max_tokens"))
+        if asked is not None and (isinstance(asked, bool) or not isinstance(asked, int) or asked < 1):
+            raise AgentRequestError("max_tokens must be a positive integer", param="max_tokens")
+        if self.calls >= self.max_turns:
+            self.cut = "max_turns"
+            raise AgentRequestError(f"this trajectory made its {self.max_turns} calls (rollout.max_turns)",
+                                    code="max_turns")
+        left = self.budget - self.traj.sampled
+        room = self.max_model_len - prompt_len
+        if left < 1:
+            self.cut = "budget"
+            raise AgentRequestError(f"this trajectory sampled its {self.budget} tokens (rollout.max_total_tokens, "
+                                    f"else max_turns * max_tokens)", code="budget")
+        if room < 1:
+            self.cut = "context"
+            raise AgentRequestError(f"{prompt_len} prompt tokens leave no room in model.max_model_len "
+                                    f"{self.max_model_len}", code="context_length_exceeded", param="messages")
+        want = self.sampling.max_tokens if asked is None else asked
+        m = min(want, left, room)
+        return m, ("length" if m == want else "budget" if m == left else "context")
+
+    def _check(self, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise AgentRequestError("the request body must be a JSON object")
+        if self.closed:
+            raise AgentRequestError("this trajectory has ended (the agent returned or ran past "
+                                    "rollout.trajectory_timeout_s)", status=410, code="trajectory_ended")
+        if body.get("stream"):
+            raise AgentRequestError("streaming is not supported by the training endpoint: send stream=false",
+                                    param="stream", code="stream_unsupported")
+        if body.get("n", 1) != 1:
+            raise AgentRequestError("n must be 1 (each call samples one completion; a group is "
+                                    "rollout.group_size calls of the agent)", param="n")
+        run = {"temperature": self.sampling.temperature, "top_p": self.sampling.top_p, "top_k": self.sampling.top_k}
+        for k in _FIXED:
+            v = body.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or float(v) != float(run[k])):
+                raise AgentRequestError(f"{k} {v!r}: the training endpoint samples at rollout.{k} {run[k]!r} (the "
+                                        f"behaviour log-probs must be the trained policy's); leave {k} unset",
+                                        param=k)
+        stop = body.get("stop")
+        if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list)
+                                                               and all(isinstance(s, str) for s in stop))):
+            raise AgentRequestError("stop must be a string or a list of strings", param="stop")
+        return body
+
+    def _spec(self, m: int, stop: Any, extra: list[str]) -> SamplingSpec:
+        s = self.sampling
+        stops = list(s.stop) + ([stop] if isinstance(stop, str) else list(stop or [])) + extra
+        return SamplingSpec(n=1, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=m,
+                            stop=list(dict.fromkeys(stops)))
+
+    async def _sample(self, p: Pending, body: dict[str, Any], extra_stop: list[str]):
+        m, bound = self._limits(body, len(p.prompt))
+        spec = self._spec(m, body.get("stop"), extra_stop)
+        seed = None if spec.greedy else turn_seed(self.seed, self.calls)
+        self.calls += 1
+        out = await self.submit(p.prompt, spec, seed)
+        if self.closed:
+            raise AgentRequestError("this trajectory ended while the call ran", status=410, code="trajectory_ended")
+        self.cut = bound if out.finish_reason == "length" else None
+        return out
+
+    async def chat(self, body: Any) -> dict[str, Any]:
+        async with self.lock:
+            body = self._check(body)
+            tools = body.get("tools") or None
+            if tools is not None and not (isinstance(tools, list) and all(
+                    isinstance(t, dict) and isinstance(t.get("function"), dict) and "name" in t["function"]
+                    for t in tools)):
+                raise AgentRequestError("tools must be a list of {type: function, function: {name, ...}}",
+                                        param="tools")
+            choice = body.get("tool_choice")
+            if choice not in (None, "auto", "none"):
+                raise AgentRequestError("tool_choice: only 'auto' and 'none' are supported", param="tool_choice")
+            parser: ToolParser | None = get_parser(self.tool_parser) if tools else None
+            p = self.traj.chat_prompt(body.get("messages"), tools, parser, self.state_tools)
+            prompt = p.prompt
+            out = await self._sample(p, body, list(parser.stop) if parser is not None and choice != "none" else [])
+            text = self.traj.tok.decode(out.token_ids, skip_special_tokens=True)  # a stop string stays in
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            finish = "stop" if out.finish_reason == "stop" else "length"
+            if parser is not None and choice != "none":
+                parsed = parser.parse(text)
+                self.traj.count("tool_calls", parsed.attempted)  # as the tool environments count them
+                self.traj.count("tool_errors", len(parsed.errors))
+                self.traj.count("tool_malformed", len(parsed.errors))
+                if parsed.calls:
+                    message["content"] = parsed.content or None
+                    message["tool_calls"] = [
+                        {"id": f"call_{self.calls}_{k}", "type": "function",
+                         "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                        for k, c in enumerate(parsed.calls)]
+                    finish = "tool_calls"
+            self.traj.record(p, out.token_ids, out.logprobs, message, text)
+            return self._answer("chat.completion", {"message": message}, finish, prompt, out.token_ids)
+
+    async def completion(self, body: Any) -> dict[str, Any]:
+        async with self.lock:
+            body = self._check(body)
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+                prompt = prompt[0]  # one prompt in a list
+            if isinstance(prompt, str) and prompt:
+                ids = self.traj.tok(prompt)["input_ids"]
+            elif isinstance(prompt, list) and prompt and all(
+                    isinstance(t, int) and not isinstance(t, bool) and 0 <= t < len(self.traj.tok) for t in prompt):
+                ids = list(prompt)
+            else:
+                raise AgentRequestError("prompt must be one non-empty string or one list of token ids of the "
+                                        "model's vocabulary", param="prompt")
+            p = self.traj.completion_prompt(ids)
+            prompt = p.prompt
+            out = await self._sample(p, body, [])
+            self.traj.record(p, out.token_ids, out.logprobs, None,
+                             self.traj.tok.decode(out.token_ids, skip_special_tokens=True))
+            return self._answer("text_completion", {"text": out.text},
+                                "stop" if out.finish_reason == "stop" else "length", prompt, out.token_ids)
+
+    def _answer(self, obj: str, choice: dict[str, Any], finish: str, prompt: list[int], ids: list[int]) -> dict[str, Any]:
+        """The response; as vLLM's ``return_token_ids``, it carries the prompt's and the sample's token ids."""
+        n_prompt, n_out = len(prompt), len(ids)
+        return {"id": f"{'chatcmpl' if obj == 'chat.completion' else 'cmpl'}-{id(self):x}-{self.calls}",
+                "object": obj, "created": int(time.time()), "model": self.model, "prompt_token_ids": list(prompt),
+                "choices": [{"index": 0, **choice, "finish_reason": finish, "logprobs": None, "token_ids": list(ids)}],
+                "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}}
+
+
+def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+class AgentServer:
+    """The loopback HTTP server; :meth:`open` gives a trajectory its base URL."""
+
+    def __init__(self, model: str = "policy"):
+        self.model, self.sessions, self.port, self._runner, self._next = model, {}, None, None, 0
+
+    async def start(self) -> None:
+        from aiohttp import web
+
+        from grpo_dist.util.ports import free_port
+
+        if self._runner is not None:
+            return
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/t/{tid}/v1/chat/completions", self._route("chat"))
+        app.router.add_post("/t/{tid}/v1/completions", self._route("completion"))
+        app.router.add_get("/t/{tid}/v1/models", self._models)
+        app.router.add_route("*", "/{tail:.*}", self._unknown)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        for attempt in range(5):
+            port = free_port()
+            try:
+                await web.TCPSite(runner, "127.0.0.1", port).start()
+            except OSError:
+                if attempt == 4:
+                    raise
+                continue
+            self.port, self._runner = port, runner
+            return
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def open(self, session: AgentSession) -> tuple[str, str]:
+        """Register a trajectory: (its id, its base URL)."""
+        self._next += 1
+        tid = f"{self._next}"
+        self.sessions[tid] = session
+        return tid, f"http://127.0.0.1:{self.port}/t/{tid}/v1"
+
+    def close(self, tid: str) -> None:
+        s = self.sessions.pop(tid, None)
+        if s is not None:
+            s.closed = True
+
+    @staticmethod
+    def _json(body: dict[str, Any], status: int = 200):
+        from aiohttp import web
+
+        return web.json_response(body, status=status)
+
+    def _session(self, request) -> AgentSession:
+        s = self.sessions.get(request.match_info["tid"])
+        if s is None:
+            raise AgentRequestError(f"no live trajectory {request.match_info['tid']!r} (it ended, or the URL is not "
+                                    f"a base_url this worker handed out)", status=404, code="trajectory_not_found")
+        return s
+
+    def _route(self, kind: str):
+        async def handle(request):
+            try:
+                session = self._session(request)
+                try:
+                    body = await request.json()
+                except Exception:  # noqa: BLE001 - any undecodable body is the client's error
+                    raise AgentRequestError("the request body is not valid JSON") from None
+                out = await (session.chat(body) if kind == "chat" else session.completion(body))
+                return self._json(out)
+            except AgentRequestError as e:
+                return self._json(error_body(str(e), e.status, e.param, e.code), e.status)
+            except Exception as e:  # noqa: BLE001 - the agent reads why, the trajectory goes on
+                log.warning("agent endpoint: %s failed: %s: %s", kind, type(e).__name__, e)
+                return self._json(error_body(f"{type(e).__name__}: {e}", 500), 500)
+
+        return handle
+
+    async def _unknown(self, request):
+        return self._json(error_body(f"no route {request.method} {request.path}: a trajectory's base_url serves POST "
+                                     f"/chat/completions, POST /completions and GET /models", 404,
+                                     code="unknown_route"), 404)
+
+    async def _models(self, request):
+        try:
+            self._session(request)
+        except AgentRequestError as e:
+            return self._json(error_body(str(e), e.status, e.param, e.code), e.status)
+        return self._json({"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
+                                                       "owned_by": "grpo_dist"}]})

@@ -1,0 +1,114 @@
+"""Agents for tests that load them by file (``rollout.agent: <this file>:fn``): ordinary openai-SDK
+code, each appending what it saw to a JSON-lines ``log`` when given one."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two numbers.",
+                                           "parameters": {"type": "object", "properties": {
+                                               "a": {"type": "number"}, "b": {"type": "number"}}}}}]
+
+
+def _log(log: str | None, **rec) -> None:
+    if log:
+        with open(log, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+
+def chat_loop(base_url: str, row: dict, turns: int = 3, log: str | None = None, max_tokens: int = 8) -> float:
+    """A tool-calling loop: ask, answer each turn with a tool message (or a user nudge when the
+    model called nothing), ``turns`` calls; returns the number of calls as its reward."""
+    client = openai.OpenAI(base_url=base_url, api_key="-", max_retries=0)
+    messages = [{"role": "system", "content": "You add."}, {"role": "user", "content": str(row["prompt"])}]
+    seen = []
+    for k in range(turns):
+        r = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, max_tokens=max_tokens)
+        msg = r.choices[0].message
+        seen.append({"content": msg.content, "finish": r.choices[0].finish_reason, "usage": r.usage.model_dump(),
+                     "tool_calls": [c.model_dump() for c in msg.tool_calls or []]})
+        messages.append(msg.model_dump(exclude_none=True))  # the message as the SDK gave it back
+        for c in msg.tool_calls or []:
+            messages.append({"role": "tool", "tool_call_id": c.id, "content": "42"})
+        if not msg.tool_calls:
+            messages.append({"role": "user", "content": f"Again ({k})."})
+    _log(log, prompt=row["prompt"], turns=seen)
+    return float(turns)
+
+
+def rewriting(base_url: str, row: dict, log: str | None = None) -> None:
+    """Call 1, call 2 extending it, then call 3 with the history rewritten (a summary): 2 segments."""
+    client = openai.OpenAI(base_url=base_url, api_key="-", max_retries=0)
+    messages = [{"role": "user", "content": str(row["prompt"])}]
+    a = client.chat.completions.create(model="policy", messages=messages, max_tokens=6).choices[0].message
+    messages += [{"role": "assistant", "content": a.content}, {"role": "user", "content": "More."}]
+    b = client.chat.completions.create(model="policy", messages=messages, max_tokens=6).choices[0].message
+    summary = [{"role": "user", "content": f"Summary: {a.content}{b.content}. Go on."}]
+    c = client.chat.completions.create(model="policy", messages=summary, max_tokens=6).choices[0].message
+    _log(log, said=[a.content, b.content, c.content])
+
+
+def completions(base_url: str, row: dict, log: str | None = None) -> float:
+    """/v1/models, then /v1/completions twice: text, then token ids extending it (the ids the
+    first answer carried, then 3 more)."""
+    client = openai.OpenAI(base_url=base_url, api_key="-", max_retries=0)
+    model = client.models.list().data[0].id
+    first = client.completions.create(model=model, prompt=str(row["prompt"]), max_tokens=5)
+    ids = first.model_extra["prompt_token_ids"] + first.choices[0].model_extra["token_ids"] + [5, 6, 7]
+    second = client.completions.create(model=model, prompt=ids, max_tokens=5)
+    _log(log, model=model, ids=ids, texts=[first.choices[0].text, second.choices[0].text])
+    return 1.0
+
+
+def bad_requests(base_url: str, row: dict, log: str | None = None) -> float:
+    """Requests the endpoint refuses; each OpenAI error's status and message logged; then one good call."""
+    client = openai.OpenAI(base_url=base_url, api_key="-", max_retries=0)
+    msgs = [{"role": "user", "content": "hi"}]
+    tries = {"temperature": dict(temperature=0.3), "top_p": dict(top_p=0.5), "stream": dict(stream=True),
+             "n": dict(n=2), "role": dict(messages=[{"role": "wizard", "content": "x"}]),
+             "image": dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+             "max_tokens": dict(max_tokens=0)}
+    errors = {}
+    for name, kw in tries.items():
+        try:
+            client.chat.completions.create(**{"model": "policy", "messages": msgs, **kw})
+            errors[name] = None
+        except openai.APIStatusError as e:
+            errors[name] = [e.status_code, e.message]
+    try:
+        client.embeddings.create(model="policy", input="x")
+    except openai.APIStatusError as e:
+        errors["embeddings"] = [e.status_code, e.message]
+    ok = client.chat.completions.create(model="policy", messages=msgs, max_tokens=3)
+    _log(log, errors=errors, ok=ok.choices[0].finish_reason)
+    return 0.5
+
+
+async def async_hang(base_url: str, row: dict, sleep_s: float = 30.0) -> float:
+    """An async agent that makes one call, then hangs."""
+    import asyncio
+
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0)
+    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+    await asyncio.sleep(sleep_s)
+    return 1.0
+
+
+def raises(base_url: str, row: dict) -> float:
+    raise RuntimeError("the agent broke")
+
+
+def over_budget(base_url: str, row: dict, log: str | None = None) -> None:
+    """Asks for 100 tokens twice; the second call finds the trajectory's budget spent."""
+    client = openai.OpenAI(base_url=base_url, api_key="-", max_retries=0)
+    msgs = [{"role": "user", "content": "hi"}]
+    first = client.chat.completions.create(model="policy", messages=msgs, max_tokens=100)
+    msgs += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "go on"}]
+    try:
+        client.chat.completions.create(model="policy", messages=msgs, max_tokens=100)
+        second = None
+    except openai.BadRequestError as e:
+        second = [e.status_code, e.message]
+    _log(log, first=[first.usage.completion_tokens, first.choices[0].finish_reason], second=second)
