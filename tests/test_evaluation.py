@@ -128,10 +128,18 @@ def test_eval_cli_on_a_dataset_without_answers(tmp_path, pretrained_model_dir):
         [sys.executable, "-m", "grpo_dist.cli", "eval", "--config", str(root / "configs/tiny_cpu.yaml"),
          "--out", str(report_path), "--model.path", str(pretrained_model_dir), "--model.make_if_missing", "null",
          "--rollout.num_workers", "1", "--data.eval_path", str(data), "--data.eval_size", "8",
-         "--reward.functions", rewards, "--output_dir", str(tmp_path), "--logging.wandb_mode", "disabled"],
+         "--reward.functions", rewards, "--output_dir", str(tmp_path), "--logging.wandb_mode", "disabled",
+         "--eval.extra", '{"sums": "builtin:add?n=4"}'],  # a second set, with answers: accuracy there
         cwd=root, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    base = json.loads(report_path.read_text())["base"]
+    report = json.loads(report_path.read_text())
+    base = report["base"]
+    # eval.extra: evaluated by the same engines, its own plan (answers: correctness scores it), its own table
+    sums = base["extra"]["sums"]
+    assert sums["source"] == "builtin:add?n=4" and sums["num_prompts"] == 4 and report["eval_extra"] == {"sums": "builtin:add?n=4"}
+    assert sums["accuracy_rewards"] == ["correctness"] and sums["rewards_skipped"] == {}
+    assert 0.0 <= sums["sampled_accuracy"] <= 1.0 and "greedy_accuracy" in sums and "pass@1" in sums
+    assert "sums: builtin:add?n=4" in r.stdout and "(4 prompts of sums, " in r.stdout
     assert base["rewards_used"] == ["format", "length"] and base["accuracy_rewards"] == []
     assert base["rewards_skipped"] == {"correctness": "needs column(s) answer"}
     assert "sampled_accuracy" not in base and "greedy_accuracy" not in base and "pass@1" not in base

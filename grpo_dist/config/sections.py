@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Literal, Optional, Union
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
@@ -308,8 +309,26 @@ class TrainerConfig(Section):
     _k = field_validator("max_staleness")(classmethod(lambda cls, v: _int_or_auto(v, 0)))
 
 
+RESERVED_EVAL_NAMES = ("reward", "main")  # eval/reward/<fn> is taken; main is the data.eval_path set
+
+
 class EvalConfig(Section):
     samples_per_prompt: int = Field(4, gt=0, description="n samples per prompt for pass@k / sampled accuracy.")
     pass_k: list[int] = Field(default_factory=lambda: [1, 4], description="k values for pass@k.")
     temperature: Optional[float] = Field(None, gt=0, description="Sampling temperature (default rollout.temperature).")
     greedy: bool = Field(True, description="Also report greedy accuracy.")
+    extra: dict[str, str] = Field(
+        default_factory=dict, description="More held-out sets, evaluated before and after training like the main one "
+        "and by `grpo-dist eval`: name -> source (same formats as data.eval_path; a builtin's eval split, "
+        "e.g. {ood: 'builtin:word_problems_ood?n=256'}), at most data.eval_size prompts each; reported per set "
+        "(eval/<name>/... in W&B, eval_sets in summary.json).")
+
+    @field_validator("extra")
+    @classmethod
+    def _extra_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, source in v.items():
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", name) or name in RESERVED_EVAL_NAMES:
+                raise ValueError(f"set name {name!r}: use letters, digits, _ or - (not {', '.join(RESERVED_EVAL_NAMES)})")
+            if not str(source).strip():
+                raise ValueError(f"set {name!r}: empty source")
+        return v

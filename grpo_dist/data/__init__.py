@@ -19,6 +19,7 @@ from grpo_dist.data.synthetic import (
 from grpo_dist.types import PromptRecord
 
 from grpo_dist.data import env_tasks  # noqa: E402,F401  (registers tool_problems, guess_number)
+from grpo_dist.data import ood_tasks  # noqa: E402,F401  (registers word_problems_ood, tool_problems_ood)
 
 __all__ = [
     "PromptRecord",

@@ -88,7 +88,7 @@ def _read_hf_hub(name: str, split: str | None) -> list[dict]:
 
 def _read_builtin(spec: str, split: str | None, limit: int | None) -> list[dict]:
     """``builtin:add`` or ``builtin:add?n=500&seed=1&max_operand=50``."""
-    from grpo_dist.data import word_problems  # noqa: F401 - registers builtin:word_problems
+    from grpo_dist.data import ood_tasks, word_problems  # noqa: F401 - register builtin:word_problems(_ood)
     from grpo_dist.data.synthetic import make_task
 
     name, _, query = spec[len(BUILTIN_PREFIX):].partition("?")

@@ -16,13 +16,15 @@ from grpo_dist.config import Config, ConfigError
 def run_eval(cfg: Config, adapter: str | None, out: str | None = None) -> dict[str, Any]:
     from grpo_dist.run.workers import create_generators
     from grpo_dist.cluster.ray_utils import init_ray, shutdown_ray, worker_log_path
-    from grpo_dist.run.evaluation import eval_metrics, evaluate
+    from grpo_dist.run.evaluation import eval_metrics, evaluate_sets
     from grpo_dist.run.adapter_check import check_adapter
-    from grpo_dist.run.preflight import prepared_data
+    from grpo_dist.run.preflight import extra_eval_sets, prepared_data
 
     _, records = prepared_data(cfg)  # the held-out prompts training would evaluate on
     if not records:
         raise ConfigError("data.eval_path: evaluation needs held-out prompts")
+    extra = extra_eval_sets(cfg)  # eval.extra: more held-out sets, each evaluated the same way
+    more = "".join(f" + {len(v)} of {k}" for k, v in extra.items())
     if adapter:  # made for this base model (its modules, their shapes): before any engine starts
         check_adapter(adapter, cfg.model.path)
     init_ray(cfg)
@@ -35,13 +37,14 @@ def run_eval(cfg: Config, adapter: str | None, out: str | None = None) -> dict[s
         rollout.get(rollout.call("setup"), timeout=c.actor_start_timeout_s)
         reward.get(reward.call("names"), timeout=c.actor_start_timeout_s)
         print(f"engines ready in {time.perf_counter() - t0:.0f} s; evaluating the base model on {len(records)} "
-              f"held-out prompts ...", flush=True)
+              f"held-out prompts{more} ...", flush=True)
         report: dict[str, Any] = {"model": cfg.model.path, "adapter": adapter, "eval_path": cfg.data.eval_path,
-                                  "base": evaluate(cfg, rollout, reward, records, with_samples=8)}
+                                  **({"eval_extra": dict(cfg.eval.extra)} if extra else {}),
+                                  "base": evaluate_sets(cfg, rollout, reward, records, extra, with_samples=8)}
         if adapter:
             print(f"evaluating the adapter {adapter} ...", flush=True)
             rollout.get(rollout.call("load_adapter_dir", str(Path(adapter).resolve()), 1))
-            report["adapter_eval"] = evaluate(cfg, rollout, reward, records, with_samples=8)
+            report["adapter_eval"] = evaluate_sets(cfg, rollout, reward, records, extra, with_samples=8)
             base = eval_metrics(report["base"])
             report["delta"] = {k.split("/", 1)[1]: v - base[k] for k, v in eval_metrics(report["adapter_eval"]).items()}
         rollout.get(rollout.call("close"))
@@ -69,9 +72,11 @@ def _log_wandb(cfg: Config, report: dict[str, Any], eval_metrics) -> None:
     for which in ("base", "adapter_eval"):
         if which in report:
             wb.log({f"{which}/{k}": v for k, v in eval_metrics(report[which]).items()}, step=0)
-            for s in report[which].get("samples", []):
-                n_correct = sum(s["correct"]) if s["correct"] is not None else None  # None: no accuracy reward
-                rows.append([which, s["prompt"], s["answer"], " | ".join(s["completions"]), n_correct])
-    wb.log_table("eval_samples", ["policy", "prompt", "answer", "completions", "n_correct"], rows, step=0)
+            sets = [("main", report[which]), *report[which].get("extra", {}).items()]  # eval.extra after the main set
+            for set_name, rep in sets:
+                for s in rep.get("samples", []):
+                    n_correct = sum(s["correct"]) if s["correct"] is not None else None  # None: no accuracy reward
+                    rows.append([which, set_name, s["prompt"], s["answer"], " | ".join(s["completions"]), n_correct])
+    wb.log_table("eval_samples", ["policy", "set", "prompt", "answer", "completions", "n_correct"], rows, step=0)
     report["wandb_dir"] = wb.run_dir
     wb.close()

@@ -1,5 +1,6 @@
-"""The table ``grpo-dist eval`` prints: one row per metric, base / adapter / delta columns (the JSON
-report, with sample completions, goes to a file)."""
+"""The table ``grpo-dist eval`` prints: one row per metric, base / adapter / delta columns, one table
+per held-out set (the main one, then each of ``eval.extra``); the JSON report, with sample
+completions, goes to a file."""
 
 from __future__ import annotations
 
@@ -32,14 +33,10 @@ def _get(rep: dict[str, Any], key: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) else None
 
 
-def eval_table(report: dict[str, Any]) -> list[str]:
-    """The lines: a header naming the held-out set, the table, then where the report is."""
-    base = report["base"]
-    adapter = report.get("adapter_eval")
+def _table(base: dict[str, Any], adapter: dict[str, Any] | None, what: str) -> list[str]:
     label_w = max([len(label) for _, label in _rows(base)] + [11]) + 2
     head = f"{'':{label_w}s}{'base':>8s}" + (f"{'adapter':>10s}{'delta':>9s}" if adapter else "")
-    where = (f"({base['num_prompts']} held-out prompts, {base['samples_per_prompt']} samples each, "
-             f"T={float(base['temperature'])})")
+    where = f"({base['num_prompts']} {what}, {base['samples_per_prompt']} samples each, T={float(base['temperature'])})"
     lines = [f"{head}      {where}"]
     for key, label in _rows(base):
         b = _get(base, key)
@@ -50,9 +47,21 @@ def eval_table(report: dict[str, Any]) -> list[str]:
             a = _get(adapter, key)
             line += f"{a:10.3f}{a - b:+9.3f}" if a is not None else f"{'-':>10s}"
         lines.append(line)
+    return lines
+
+
+def eval_table(report: dict[str, Any]) -> list[str]:
+    """The lines: a header naming the held-out set, the table; the same for each ``eval.extra`` set;
+    then where the report is."""
+    base = report["base"]
+    adapter = report.get("adapter_eval")
+    lines = _table(base, adapter, "held-out prompts")
+    for name, rep in base.get("extra", {}).items():
+        other = (adapter or {}).get("extra", {}).get(name)
+        lines += ["", f"{name}: {rep.get('source')}"] + _table(rep, other, f"prompts of {name}")
     # base["note"] (what decided accuracy) is logged once while evaluating, above the table
     lines.append(f"report: {report['report_path']} (with {len(base.get('samples', []))} prompts and their "
-                 f"completions per model)")
+                 f"completions per model and set)")
     if report.get("wandb_dir"):
         lines.append(f"wandb:  {report['wandb_dir']}")
     return lines

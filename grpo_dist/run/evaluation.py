@@ -13,7 +13,9 @@ is scored with the configured reward functions:
   temperature), greedy accuracy and unbiased pass@k; without such a reward, only the rewards.
 
 The sampling seed is fixed, so "before" and "after" see the same prompts and the same random
-stream.
+stream. ``eval.extra`` names more held-out sets (e.g. problems phrased another way than the
+training data, ``builtin:word_problems_ood``); :func:`evaluate_sets` evaluates each the same way
+and nests its report under ``extra``; their scalars are ``eval/<set>/…``.
 """
 
 from __future__ import annotations
@@ -151,10 +153,35 @@ def evaluate(cfg: Config, rollout: "ActorGroup", reward: "ActorGroup", records: 
     return report
 
 
-def eval_metrics(report: dict[str, Any]) -> dict[str, float]:
-    """The ``eval/…`` scalars of a report (``eval/reward/<name>`` per reward)."""
+def evaluate_sets(cfg: Config, rollout: "ActorGroup", reward: "ActorGroup", records: list[Any],
+                  extra: dict[str, list[Any]] | None = None, with_samples: int = 0) -> dict[str, Any]:
+    """:func:`evaluate` on the main held-out set, then on each ``eval.extra`` set (``extra``: name ->
+    records): the main report, with each extra set's report (and its ``source``) under
+    ``report["extra"][name]``."""
+    report = evaluate(cfg, rollout, reward, records, with_samples=with_samples)
+    if extra:
+        report["extra"] = {}
+        for name, recs in extra.items():
+            rep = evaluate(cfg, rollout, reward, recs, with_samples=with_samples)
+            rep["source"] = cfg.eval.extra.get(name)
+            report["extra"][name] = rep
+    return report
+
+
+def eval_metrics(report: dict[str, Any], prefix: str = "eval") -> dict[str, float]:
+    """The ``eval/…`` scalars of a report (``eval/reward/<name>`` per reward); each extra set's
+    under ``eval/<set>/…``."""
     keys = ["sampled_accuracy", "greedy_accuracy", "mean_reward", "greedy_mean_reward", *TOOL_USE] + \
         [k for k in report if k.startswith("pass@")]
-    out = {f"eval/{k}": float(report[k]) for k in keys if k in report}
-    out.update({f"eval/reward/{k}": float(v) for k, v in report.get("reward_means", {}).items()})
+    out = {f"{prefix}/{k}": float(report[k]) for k in keys if k in report}
+    out.update({f"{prefix}/reward/{k}": float(v) for k, v in report.get("reward_means", {}).items()})
+    for name, rep in report.get("extra", {}).items():
+        out.update(eval_metrics(rep, f"{prefix}/{name}"))
     return out
+
+
+def headline(report: dict[str, Any]) -> str:
+    """``sampled accuracy 0.123`` (or the mean reward where no reward checks an answer)."""
+    if "sampled_accuracy" in report:
+        return f"sampled accuracy {report['sampled_accuracy']:.3f}"
+    return f"mean reward {report['mean_reward']:.3f}"

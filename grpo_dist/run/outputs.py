@@ -125,6 +125,9 @@ def write_summary(out: Path, steps: int, wall: float, adapter_dir, wandb_dir, me
                 if key in rep:
                     summary[f"{key}_{name}"] = rep[key]
             summary[f"eval_{name}"] = rep
+            for set_name, r in rep.get("extra", {}).items():  # eval.extra: the same keys per set
+                one = summary.setdefault("eval_sets", {}).setdefault(set_name, {"source": r.get("source")})
+                one.update({f"{k}_{name}": r[k] for k in ("sampled_accuracy", "greedy_accuracy", "mean_reward") if k in r})
     (Path(out) / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
     return summary
 
@@ -136,6 +139,12 @@ def summary_lines(s: dict) -> list[str]:
         if f"{name}_before" in s:
             b, a = s[f"{name}_before"], s[f"{name}_after"]
             out.append(f"{name:18s} before {b:.3f}  after {a:.3f}  ({a - b:+.3f})")
+    for set_name, one in s.get("eval_sets", {}).items():  # eval.extra
+        for name in ("sampled_accuracy", "greedy_accuracy"):
+            if f"{name}_before" in one and f"{name}_after" in one:
+                b, a = one[f"{name}_before"], one[f"{name}_after"]
+                label = f"{set_name}/{name}"
+                out.append(f"{label:18s} before {b:.3f}  after {a:.3f}  ({a - b:+.3f})")
     segs = f" over {s['segments']} segments" if s.get("segments", 1) > 1 else ""
     early = "  (trainer.max_minutes reached)" if s.get("stopped") == "max_minutes" else ""
     out.append(f"steps {s['steps']}  wall {s['wall_seconds']:.0f} s{segs}{early}")

@@ -48,6 +48,7 @@ class Checked:
     dropped: dict[str, int] = field(default_factory=dict)  # "train"/"eval" -> rows dropped as overlong
     longest: dict[str, int] = field(default_factory=dict)  # "train"/"eval" -> longest kept prompt (tokens)
     reward_columns: dict[str, list[str]] = field(default_factory=dict)  # reward name -> required columns
+    extra: dict[str, list[Any]] = field(default_factory=dict)  # eval.extra: set name -> records
 
 
 _CACHE: dict[str, Checked] = {}
@@ -59,12 +60,17 @@ def prepared_data(cfg: Config, log_fn: Callable[[str], None] = print) -> tuple[l
     return c.train, c.evals
 
 
+def extra_eval_sets(cfg: Config, log_fn: Callable[[str], None] = print) -> dict[str, list[Any]]:
+    """The checked records of each ``eval.extra`` set (name -> records; cached with the rest)."""
+    return check(cfg, log_fn).extra
+
+
 def check(cfg: Config, log_fn: Callable[[str], None] = print) -> Checked:
     """Run every check; raise ConfigError (one line) on the first problem."""
     key = _cache_key(cfg)
     if key in _CACHE:
         return _CACHE[key]
-    from grpo_dist.run.prepare import load_data, prepare_model
+    from grpo_dist.run.prepare import load_data, load_extra, prepare_model
 
     prepare_model(cfg, log_fn)
     _check_model_json(cfg)  # the cheap checks first: no transformers/torch import before them
@@ -84,7 +90,12 @@ def check(cfg: Config, log_fn: Callable[[str], None] = print) -> Checked:
         except ValueError as e:
             raise ConfigError(f"rollout.agent: {_first_line(e)}") from None
     train, evals = load_data(cfg, log_fn)
+    extra = load_extra(cfg)
+    if extra and not evals:
+        raise ConfigError("eval.extra: the extra held-out sets are evaluated beside the main one, and data.eval_path "
+                          "gives none")
     splits = [("train", "data.path", cfg.data.path, train), ("eval", "data.eval_path", cfg.data.eval_path, evals)]
+    splits += [(f"extra:{name}", f"eval.extra.{name}", cfg.eval.extra[name], recs) for name, recs in extra.items()]
     for split, key_name, source, records in splits:
         if records:
             _check_empty(records, key_name, source)
@@ -93,7 +104,8 @@ def check(cfg: Config, log_fn: Callable[[str], None] = print) -> Checked:
                 _check_columns(records, rewards, key_name, source)
     tokenizer = check_model(cfg)
     try:  # multi-turn: the environments the records name, and a prefix-preserving chat template
-        made = check_envs(cfg.rollout, tokenizer, list(train or []) + list(evals or []))
+        made = check_envs(cfg.rollout, tokenizer, list(train or []) + list(evals or [])
+                          + [r for v in extra.values() for r in v])
     except ValueError as e:
         raise ConfigError(f"rollout.env: {_first_line(e)}") from None
     room = cfg.model.max_model_len - cfg.rollout.max_tokens
@@ -108,8 +120,10 @@ def check(cfg: Config, log_fn: Callable[[str], None] = print) -> Checked:
         out.longest[split] = max(lens) if lens else 0
         if split == "train":
             out.train = kept
-        else:
+        elif split == "eval":
             out.evals = kept
+        else:
+            out.extra[split.split(":", 1)[1]] = kept
     out.reward_columns = {name: sorted(cols) for name, (_, cols) in rewards.items()}
     _CACHE[key] = _CACHE[_cache_key(cfg)] = out  # also as prepare_model left it (pkg: -> converted dir)
     return out

@@ -89,6 +89,21 @@ def load_data(cfg: Config, log_fn=print) -> tuple[list[Any], list[Any]]:
     return train, evals[: d.eval_size]
 
 
+def load_extra(cfg: Config) -> dict[str, list[Any]]:
+    """The extra held-out sets of ``eval.extra`` (name -> records, at most ``data.eval_size`` each;
+    a builtin source's ``eval`` split unless the source names a split)."""
+    out: dict[str, list[Any]] = {}
+    for name, source in cfg.eval.extra.items():
+        try:
+            records = _load(cfg, source, None, cfg.data.eval_size, "eval")
+        except (ValueError, FileNotFoundError, KeyError) as e:
+            raise ConfigError(f"eval.extra.{name}: {e}") from None
+        if not records:
+            raise ConfigError(f"eval.extra.{name}: no prompts in {source}")
+        out[name] = records[: cfg.data.eval_size]
+    return out
+
+
 def make_monitor(cfg: Config):
     from grpo_dist.run.monitor import ConsoleMonitor, MultiMonitor, WandbMonitor
 

@@ -25,7 +25,7 @@ from grpo_dist.reward.failures import RewardFailureError
 from grpo_dist.run.monitor.tables import sample_table
 from grpo_dist.orchestrator.manager import RolloutManager
 from grpo_dist.run import checkpoint, preflight
-from grpo_dist.run.evaluation import eval_metrics, evaluate
+from grpo_dist.run.evaluation import eval_metrics, evaluate_sets, headline
 from grpo_dist.run.monitor import Monitor, StepTimer, non_finite
 from grpo_dist.run.monitor.wandb_logger import wandb_segments
 from grpo_dist.run.inputs import resolve_inputs
@@ -77,6 +77,7 @@ class Run:
         cfg = self.cfg
         self.out.mkdir(parents=True, exist_ok=True)
         self.train_records, self.eval_records = preflight.prepared_data(cfg)  # cached: checked once per process
+        self.extra_records = preflight.extra_eval_sets(cfg)  # eval.extra: more held-out sets
         write_run_files(cfg)  # config.yaml (the resume command's) only once the config is accepted
         stream = PromptStream(self.train_records, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
         init_ray(cfg)
@@ -235,7 +236,9 @@ class Run:
                                        "segments": self._segments, "peak_rss_gib": memory,
                                        **({"stopped": self.stopped} if self.stopped else {}),
                                        **wandb_segments(cfg)})
-        self.monitor.summary({k: v for k, v in summary.items() if not isinstance(v, dict)})
+        sets = {f"eval/{name}/{k}": v for name, one in summary.get("eval_sets", {}).items() for k, v in one.items()
+                if isinstance(v, (int, float))}  # eval.extra: eval/<set>/sampled_accuracy_before, ...
+        self.monitor.summary({**{k: v for k, v in summary.items() if not isinstance(v, dict)}, **sets})
         try:  # no run succeeds in which a reward function failed past reward.max_failure_rate
             watch.check_run()
         except RewardFailureError as e:
@@ -259,13 +262,14 @@ class Run:
     def evaluate(self, when: str | None = None) -> dict[str, Any]:
         """The held-out evaluation of the weights the engines serve; ``when`` says so on the console."""
         if when:
-            print(f"evaluating {len(self.eval_records)} held-out prompts {when} ...", flush=True)
+            more = "".join(f" + {len(v)} {k}" for k, v in self.extra_records.items())  # eval.extra sets
+            print(f"evaluating {len(self.eval_records)} held-out prompts{more} {when} ...", flush=True)
         t0 = time.perf_counter()
-        report = evaluate(self.cfg, self.workers.rollout, self.workers.reward, self.eval_records)
+        report = evaluate_sets(self.cfg, self.workers.rollout, self.workers.reward, self.eval_records,
+                               self.extra_records)
         if when:
-            acc = report.get("sampled_accuracy", report.get("mean_reward"))
-            print(f"evaluated {when} in {time.perf_counter() - t0:.0f} s: "
-                  f"{'sampled accuracy' if 'sampled_accuracy' in report else 'mean reward'} {acc:.3f}", flush=True)
+            more = "".join(f"; {k}: {headline(v)}" for k, v in report.get("extra", {}).items())
+            print(f"evaluated {when} in {time.perf_counter() - t0:.0f} s: {headline(report)}{more}", flush=True)
         return report
 
     def close(self) -> None:
