@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Hosts on one machine, for tests and demos only: each host is a network namespace with its own
+# address, its own loopback, its own /tmp and HOME, and the project and its venv read-only.
+#   launch/netns_hosts.sh up N           make hosts 1..N (N <= 20) on a private bridge
+#   launch/netns_hosts.sh exec I CMD...  run CMD on host I (as root, in a mount namespace of its own)
+#   launch/netns_hosts.sh addr I         host I's address
+#   launch/netns_hosts.sh link I up|down take host I's link down (it stays up for itself) or up again
+#   launch/netns_hosts.sh kill I         SIGKILL every process on host I (only those: `ip netns pids`)
+#   launch/netns_hosts.sh down           kill what runs on the hosts, delete them, the bridge, the state
+#
+# Addresses (GD_HOSTS_NET, default 10.213.77; the 10.213.77.0/24 range must be unused on the machine,
+# `up` refuses otherwise): host I is 10.213.77.(10+I), on bridge ${GD_HOSTS_PREFIX}br0 (default gdbr0) that
+# holds 10.213.77.1, the operator's machine (the submitter). Hosts have no default route: they reach
+# each other and the operator's address, nothing else; no forwarding, no NAT. Names: namespaces
+# gdh1..gdhN, veths gdh1v..gdhNv (GD_HOSTS_PREFIX changes the "gd").
+# Files: GD_HOSTS_STATE (default /run/grpo_dist_hosts) holds hI/tmp (bound on host I's /tmp),
+# hI/home (its HOME) and shared/ (visible to every host at the same path: the "NFS" of the hosts).
+# GD_HOSTS_PRIVATE=PATH on `exec` binds an empty directory of host I over PATH (a node whose mount is
+# missing). Read-only on every host: this checkout and the venv of the python on PATH (GD_HOSTS_RO,
+# colon-separated, adds paths).
+set -euo pipefail
+P="${GD_HOSTS_PREFIX:-gd}"
+NET="${GD_HOSTS_NET:-10.213.77}"
+STATE="${GD_HOSTS_STATE:-/run/grpo_dist_hosts}"
+BR="${P}br0"
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+die() { echo "netns_hosts.sh: $*" >&2; exit 2; }
+ns() { echo "${P}h$1"; }
+addr() { echo "$NET.$((10 + $1))"; }
+hosts() { ip netns list | awk '{print $1}' | grep -E "^${P}h[0-9]+$" | sed "s/^${P}h//" | sort -n || true; }
+
+ro_paths() {
+  local py venv
+  echo "$ROOT"
+  py="$(command -v python3 || command -v python)"
+  venv="$(dirname "$(dirname "$py")")"
+  if [ -f "$venv/pyvenv.cfg" ]; then readlink -f "$venv"; fi
+  if [ -n "${GD_HOSTS_RO:-}" ]; then tr ':' '\n' <<< "$GD_HOSTS_RO"; fi
+}
+
+up() {
+  local n="${1:?usage: up N}" i
+  [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 20 ] || die "up N: N from 1 to 20"
+  [ -z "$(hosts)" ] || die "hosts ${P}h* exist already: run down first"
+  if ip -4 addr | grep -q "inet $NET\." || ip -4 route | grep -q "^$NET\."; then
+    die "$NET.0/24 is in use on this machine: set GD_HOSTS_NET to an unused private /24"
+  fi
+  mkdir -p "$STATE/shared" && touch "$STATE/.grpo_dist_hosts"
+  ip link add "$BR" type bridge
+  ip addr add "$NET.1/24" dev "$BR"
+  ip link set "$BR" up
+  for i in $(seq 1 "$n"); do
+    mkdir -p "$STATE/h$i/tmp" "$STATE/h$i/home" && chmod 1777 "$STATE/h$i/tmp"
+    ip netns add "$(ns "$i")"
+    ip link add "${P}h${i}v" type veth peer name eth0 netns "$(ns "$i")"
+    ip link set "${P}h${i}v" master "$BR" up
+    ip -n "$(ns "$i")" addr add "$(addr "$i")/24" dev eth0
+    ip -n "$(ns "$i")" link set lo up
+    ip -n "$(ns "$i")" link set eth0 up
+    echo "host $i: $(ns "$i") $(addr "$i")"
+  done
+}
+
+run_on() {
+  local i="$1"; shift
+  ip netns list | awk '{print $1}' | grep -qx "$(ns "$i")" || die "no host $i (run up first)"
+  local ro; ro="$(ro_paths | sort -u | tr '\n' ':')"
+  exec ip netns exec "$(ns "$i")" unshare --mount --propagation private -- bash -c '
+    set -e
+    mount --bind "$1/tmp" /tmp
+    IFS=: read -r -a ro <<< "$2"
+    for p in "${ro[@]}"; do [ -z "$p" ] || mount --bind -o ro "$p" "$p"; done
+    if [ -n "$3" ]; then mkdir -p "$1/private$3"; mount --bind "$1/private$3" "$3"; fi
+    export HOME="$1/home" TMPDIR=/tmp GD_HOST="$4"
+    shift 4
+    cd "$HOME"
+    exec "$@"' _ "$STATE/h$i" "$ro" "${GD_HOSTS_PRIVATE:-}" "$i" "$@"
+}
+
+kill_host() {
+  local pids
+  pids="$(ip netns pids "$(ns "$1")" 2>/dev/null || true)"
+  # shellcheck disable=SC2086
+  if [ -n "$pids" ]; then kill -KILL $pids 2>/dev/null || true; fi
+  echo "host $1: killed $(wc -w <<< "$pids") processes"
+}
+
+down() {
+  local i k
+  for i in $(hosts); do
+    for k in 1 2 3 4 5; do  # bounded: a process may fork while the first SIGKILLs land
+      [ -n "$(ip netns pids "$(ns "$i")" 2>/dev/null)" ] || break
+      kill_host "$i" >/dev/null; sleep 0.5
+    done
+    ip netns del "$(ns "$i")"  # deletes its eth0 and so the veth's other end
+  done
+  if ip link show "$BR" >/dev/null 2>&1; then ip link del "$BR"; fi
+  if [ -f "$STATE/.grpo_dist_hosts" ]; then rm -rf --one-file-system "$STATE"; fi
+  echo "hosts down"
+}
+
+cmd="${1:-}"; shift || true
+case "$cmd" in
+  up) up "$@" ;;
+  down) down ;;
+  exec) [ $# -ge 2 ] || die "usage: exec I CMD..."; run_on "$@" ;;
+  addr) addr "${1:?usage: addr I}" ;;
+  link) ip link set "${P}h${1:?usage: link I up|down}v" "${2:?usage: link I up|down}" ;;
+  kill) kill_host "${1:?usage: kill I}" ;;
+  *) die "usage: netns_hosts.sh up N | down | exec I CMD... | addr I | link I up|down | kill I" ;;
+esac
