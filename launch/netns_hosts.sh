@@ -73,7 +73,6 @@ run_on() {
     if [ -n "$3" ]; then mkdir -p "$1/private$3"; mount --bind "$1/private$3" "$3"; fi
     export HOME="$1/home" TMPDIR=/tmp GD_HOST="$4"
     shift 4
-    cd "$HOME"
     exec "$@"' _ "$STATE/h$i" "$ro" "${GD_HOSTS_PRIVATE:-}" "$i" "$@"
 }
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,8 +22,12 @@ TEST_ENV = {"GD_HOSTS_PREFIX": "gt", "GD_HOSTS_NET": "10.213.78", "GD_HOSTS_STAT
 
 
 def env(**extra: str) -> dict[str, str]:
-    e = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}", **TEST_ENV)
-    e.update(extra)
+    """A user's shell (cluster_scripts.user_env: none of the test process's Ray settings), `ip` on PATH."""
+    from cluster_scripts import user_env
+
+    e = user_env(Path("/nonexistent"))  # each host's HOME is set by the script
+    e["PATH"] += ":/usr/sbin:/sbin"
+    e.update(TEST_ENV, **extra)
     return e
 
 
