@@ -71,8 +71,25 @@ def test_tmp_and_home_are_private_and_the_project_read_only(hosts):
     assert r.returncode != 0 and "Read-only" in r.stderr, r.stderr
     r = hosts.run(1, "bash", "-c", f"echo x > {hosts.shared}/from1")
     assert r.returncode == 0 and hosts.run(2, "cat", f"{hosts.shared}/from1").stdout.strip() == "x"
-    r = hosts.run(2, "bash", "-c", f"ls {hosts.shared}", GD_HOSTS_PRIVATE=str(hosts.shared))
-    assert r.returncode == 0 and r.stdout.strip() == "", r.stdout  # a node without the shared mount
+    assert hosts.script("private", "2", str(hosts.shared)).returncode == 0  # host 2 loses the shared mount
+    r = hosts.run(2, "bash", "-c", f"ls {hosts.shared}")
+    assert r.returncode == 0 and r.stdout.strip() == "", r.stdout
+    assert hosts.run(1, "cat", f"{hosts.shared}/from1").stdout.strip() == "x"  # host 1 still has it
+
+
+def test_each_host_has_its_own_hostname_and_process_table(hosts):
+    sleeper = hosts.popen(2, "sleep", "60")
+    try:
+        for i in (1, 2):
+            r = hosts.run(i, "bash", "-c", "hostname; ps -e -o args=")
+            name, procs = r.stdout.split("\n", 1)
+            assert name == f"host{i}" and ("sleep 60" in procs) == (i == 2), r.stdout  # host 1 sees none of host 2's
+        r = hosts.script("kill", "2")
+        assert r.returncode == 0 and sleeper.wait(timeout=10) != 0
+        assert hosts.run(2, "true").returncode == 0  # the host itself lives on (its holder is spared)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 def test_down_removes_namespaces_bridge_veths_and_state():  # last: it takes the module's hosts down too

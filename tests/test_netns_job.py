@@ -91,7 +91,8 @@ def test_a_host_without_the_shared_mount_is_refused_at_start_in_one_line(hosts, 
     """Host 2's worker restarted with a private, empty directory where the shared one should be."""
     r = cluster.on(2, "bash", str(ROOT / "launch/stop_cluster.sh"), timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    start_worker(cluster, 2, json.dumps({"host2": 1, "learner": 1}), 1, GD_HOSTS_PRIVATE=str(hosts.shared))
+    assert hosts.script("private", "2", str(hosts.shared)).returncode == 0
+    start_worker(cluster, 2, json.dumps({"host2": 1, "learner": 1}), 1)
     op = _operator_dir(hosts, pretrained_model_dir)
     t0 = time.monotonic()
     r = cluster.submit(op, *_args(hosts, "runs/refused", 2), timeout=600)
