@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Hosts on one machine, for tests and demos only: each host is a network namespace with its own
 # address and loopback, plus a mount, PID and UTS namespace of its own (its own /tmp, HOME, process
-# table and hostname hostI), the project and its venv read-only. A holder process (PID 1 of the
-# host) keeps them; `exec` enters them (nsenter).
+# table, hostname hostI and an /etc/hosts naming every host), the project and its venv read-only.
+# A holder process (PID 1 of the host) keeps them; `exec` enters them (nsenter).
 #   launch/netns_hosts.sh up N           make hosts 1..N (N <= 20) on a private bridge
 #   launch/netns_hosts.sh exec I CMD...  run CMD on host I (as root)
 #   launch/netns_hosts.sh addr I         host I's address
@@ -48,6 +48,10 @@ up() {
     die "$NET.0/24 is in use on this machine: set GD_HOSTS_NET to an unused private /24"
   fi
   mkdir -p "$STATE/shared" && touch "$STATE/.grpo_dist_hosts"
+  {  # every host resolves every host's name, as on a LAN with DNS (gloo binds to its hostname's address)
+    printf '127.0.0.1 localhost\n'
+    for i in $(seq 1 "$n"); do printf '%s host%s\n' "$(addr "$i")" "$i"; done
+  } > "$STATE/hosts"
   ip link add "$BR" type bridge
   ip addr add "$NET.1/24" dev "$BR"
   ip link set "$BR" up
@@ -72,6 +76,7 @@ start_holder() {  # PID 1 of host i: mounts made once, then it waits (and reaps 
   ip netns exec "$(ns "$i")" unshare --mount --uts --pid --fork --mount-proc --propagation private -- bash -c '
     set -e
     hostname "host$2"
+    mount --bind "$1/../hosts" /etc/hosts
     mount --bind "$1/tmp" /tmp
     IFS=: read -r -a ro <<< "$3"
     for p in "${ro[@]}"; do [ -z "$p" ] || mount --bind -o ro "$p" "$p"; done

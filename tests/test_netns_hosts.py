@@ -81,6 +81,8 @@ def test_each_host_has_its_own_hostname_and_process_table(hosts):
     sleeper = hosts.popen(2, "sleep", "60")
     try:
         for i in (1, 2):
+            r = hosts.run(i, "python3", "-c", "import socket; print(socket.gethostbyname(socket.gethostname()))")
+            assert r.stdout.strip() == hosts.addr(i), r.stdout + r.stderr  # its name resolves to its address
             r = hosts.run(i, "bash", "-c", "hostname; ps -e -o args=")
             name, procs = r.stdout.split("\n", 1)
             assert name == f"host{i}" and ("sleep 60" in procs) == (i == 2), r.stdout  # host 1 sees none of host 2's
