@@ -18,8 +18,10 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from pathlib import Path
 
 import pytest
+import wandb_tables
 
 from netns_cluster import start_cluster, start_worker
 from netns_hosts import ROOT, hosts_fixture
@@ -67,7 +69,9 @@ def test_tiny_config_runs_with_learner_ranks_on_two_hosts_and_engines_on_a_third
                                                                                    pretrained_model_dir):
     op = _operator_dir(hosts, pretrained_model_dir)
     t0 = time.monotonic()
-    r = cluster.submit(op, *_args(hosts, "runs/job", 2))
+    # absolute: the config check of full weights + shared_dir reads output_dir before a relative one
+    # is resolved against the submitter's directory (a relative one inside shared_dir is refused)
+    r = cluster.submit(op, *_args(hosts, str(op / "runs/job"), 2))
     took = time.monotonic() - t0
     print(f"submit_job.sh: exit {r.returncode} after {took:.0f} s")
     out = op / "runs" / "job"
@@ -83,8 +87,12 @@ def test_tiny_config_runs_with_learner_ranks_on_two_hosts_and_engines_on_a_third
     # the weights reached the engines on host 3 by the collective, version by version
     metrics = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m.get("sync/buckets", 0) > 0 for m in metrics] == [True, True], metrics
-    wandb_files = list((out / "wandb").rglob("wandb-summary.json"))
-    assert wandb_files and json.loads(wandb_files[0].read_text())["hosts/learner"].split() == summary["hosts"]["learner"]
+    (log,) = Path(summary["wandb_dir"]).glob("*.wandb")
+    wb = {}
+    for rec in wandb_tables.finished_records(log):
+        if rec.WhichOneof("record_type") == "summary":
+            wb.update({it.key or "/".join(it.nested_key): json.loads(it.value_json) for it in rec.summary.update})
+    assert wb.get("hosts/learner", "").split() == summary["hosts"]["learner"], sorted(wb)
 
 
 def test_a_host_without_the_shared_mount_is_refused_at_start_in_one_line(hosts, cluster, pretrained_model_dir):
@@ -95,7 +103,7 @@ def test_a_host_without_the_shared_mount_is_refused_at_start_in_one_line(hosts, 
     start_worker(cluster, 2, json.dumps({"host2": 1, "learner": 1}), 1)
     op = _operator_dir(hosts, pretrained_model_dir)
     t0 = time.monotonic()
-    r = cluster.submit(op, *_args(hosts, "runs/refused", 2), timeout=600)
+    r = cluster.submit(op, *_args(hosts, str(op / "runs/refused"), 2), timeout=600)
     took = time.monotonic() - t0
     errors = [ln for ln in r.stdout.splitlines() + r.stderr.splitlines() if "config error: cluster.shared_dir" in ln]
     print(f"refused after {took:.0f} s: {errors}")
