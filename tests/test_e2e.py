@@ -250,6 +250,11 @@ def test_summary_reports_peak_memory_per_role_and_metrics_per_step(run):
     peak = summary["peak_rss_gib"]
     assert set(peak) == {"learner", "rollout", "reward", "driver"}
     assert all(0.05 < v < 16 for v in peak.values()), peak
+    hosts = summary["hosts"]  # one machine: every role on the driver's node, one address per actor
+    assert {r: len(ips) for r, ips in hosts.items()} == {"driver": 1, "learner": trainer.cfg.learner.num_learners,
+                                                         "rollout": trainer.cfg.rollout.num_workers,
+                                                         "reward": trainer.cfg.reward.num_workers}, hosts
+    assert {ip for ips in hosts.values() for ip in ips} == set(hosts["driver"]), hosts
     engine = ray.get(trainer.workers.rollout.actors[0].peak_rss.remote())
     if trainer.cfg.rollout.engine_in_process:  # the CPU default: vLLM's engine core in the actor
         assert engine["children"] == 0 and engine["self"] > 2**28, engine  # no engine process; vLLM's memory is the actor's

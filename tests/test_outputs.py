@@ -120,6 +120,7 @@ def test_summary_lines_say_before_after_memory_and_failures():
 
     s = {"sampled_accuracy_before": 0.077, "sampled_accuracy_after": 0.965, "steps": 24, "wall_seconds": 1337.4,
          "peak_rss_gib": {"learner": 4.73, "rollout": 6.48}, "adapter_dir": "/r/adapter",
+         "hosts": {"driver": ["10.0.0.1"], "learner": ["10.0.0.1", "10.0.0.2"], "rollout": ["10.0.0.3"]},
          "reward_failures": {"math": {"failed": 2, "scored": 1536, "rate": 2 / 1536, "first_failure": "timeout"},
                              "pattern": {"failed": 0, "scored": 1536, "rate": 0.0}}}
     lines = summary_lines(s)
@@ -127,6 +128,7 @@ def test_summary_lines_say_before_after_memory_and_failures():
     assert "sampled_accuracy   before 0.077  after 0.965  (+0.888)" in lines
     assert "steps 24  wall 1337 s" in lines
     assert lines[lines.index("steps 24  wall 1337 s") + 1].startswith("peak RSS  learner 4.7 GiB, rollout 6.5 GiB")
+    assert "hosts     driver 10.0.0.1, learner 10.0.0.1 10.0.0.2, rollout 10.0.0.3" in lines
     assert [ln for ln in lines if ln.startswith("reward function")] == [
         "reward function 'math' failed on 2 of 1536 completions (0.1%): timeout"]
 

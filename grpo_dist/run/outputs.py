@@ -151,6 +151,8 @@ def summary_lines(s: dict) -> list[str]:
     if s.get("peak_rss_gib"):
         out.append("peak RSS  " + ", ".join(f"{role} {gib:.1f} GiB" for role, gib in s["peak_rss_gib"].items())
                    + "  (each role's largest actor, its child processes included)")
+    if s.get("hosts"):
+        out.append("hosts     " + ", ".join(f"{role} {' '.join(ips)}" for role, ips in s["hosts"].items()))
     failed = {k: v for k, v in s.get("reward_failures", {}).items() if v["failed"]}
     for name, v in failed.items():  # under reward.max_failure_rate (else the run did not succeed)
         out.append(f"reward function {name!r} failed on {v['failed']} of {v['scored']} completions ({v['rate']:.1%}): "

@@ -229,16 +229,18 @@ class Run:
         metrics = {k: v for k, v in metrics.items() if k != "step"}
         watch = self.rollouts.watch
         memory = self.workers.peak_rss_gib()
+        hosts = self.workers.hosts()
         summary = write_summary(self.out, self.step, self.wall_seconds(), adapter_dir,
                                 getattr(self.monitor, "wandb_dir", None), metrics, self.history, self.before, after,
                                 reward_failures=watch.report(),
                                 extra={"wall_seconds_this_segment": time.perf_counter() - self._t0,
-                                       "segments": self._segments, "peak_rss_gib": memory,
+                                       "segments": self._segments, "peak_rss_gib": memory, "hosts": hosts,
                                        **({"stopped": self.stopped} if self.stopped else {}),
                                        **wandb_segments(cfg)})
         sets = {f"eval/{name}/{k}": v for name, one in summary.get("eval_sets", {}).items() for k, v in one.items()
                 if isinstance(v, (int, float))}  # eval.extra: eval/<set>/sampled_accuracy_before, ...
-        self.monitor.summary({**{k: v for k, v in summary.items() if not isinstance(v, dict)}, **sets})
+        self.monitor.summary({**{k: v for k, v in summary.items() if not isinstance(v, dict)}, **sets,
+                              **{f"hosts/{role}": " ".join(ips) for role, ips in hosts.items()}})
         try:  # no run succeeds in which a reward function failed past reward.max_failure_rate
             watch.check_run()
         except RewardFailureError as e:

@@ -61,6 +61,19 @@ class Workers:
     def all_groups(self) -> list[ActorGroup]:
         return [self.rollout, self.reward, self.learner]
 
+    def hosts(self, timeout: float = 60) -> dict[str, list[str]]:
+        """Each role's node addresses, one per actor (rank order), and the driver's: where the run
+        ran at its end (replaced actors included)."""
+        import ray
+
+        out = {"driver": [ray.util.get_node_ip_address()]}
+        for name, group in (("learner", self.learner), ("rollout", self.rollout), ("reward", self.reward)):
+            try:
+                out[name] = [i["ip"] for i in group.get(group.call("node_info"), timeout=timeout)]
+            except Exception as e:  # a report, never a reason to fail a finished run
+                log.warning("nodes of the %s actors not read: %s", name, e)
+        return out
+
     def peak_rss_gib(self, timeout: float = 60) -> dict[str, float]:
         """Each role's peak resident set over the run so far, GiB: the largest actor of the role,
         its child processes included (a vLLM engine's core and workers), and the driver's."""
