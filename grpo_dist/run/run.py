@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from grpo_dist.cluster import ray_utils
 from grpo_dist.cluster.ray_utils import ClusterError, init_ray
 from grpo_dist.cluster.recovery import Recovery
 from grpo_dist.cluster.shared_dir import check_storage
@@ -75,6 +76,7 @@ class Run:
         if self.workers is not None:
             return self.cfg
         cfg = self.cfg
+        ray_utils.request_stop(False)
         self.out.mkdir(parents=True, exist_ok=True)
         self.train_records, self.eval_records = preflight.prepared_data(cfg)  # cached: checked once per process
         write_run_files(cfg)  # config.yaml (the resume command's) only once the config is accepted
@@ -149,6 +151,8 @@ class Run:
                                 f"{path}; fix the function, then resume with: {resume_command(self.cfg)}\n"
                                 f"{e.details()}") from None
         except ClusterError as e:
+            if e.interrupted and self.stop_requested:  # Ctrl-C while an actor hangs: stop now, keep the last step
+                self.interrupted(settle=False, why=str(e))
             raise TrainingError(f"{e}; stopped at step {self.step}: {resume_hint(self.cfg)}") from e
 
     def check_finite(self, metrics: dict[str, float], where: str) -> None:
@@ -205,14 +209,17 @@ class Run:
     def request_stop(self, why: str) -> None:
         """Stop at the end of the current step (a signal handler calls this: it only sets a flag)."""
         self.stop_requested = why
+        ray_utils.request_stop()  # a wait on a silent or stopped actor now gives up in seconds
 
-    def interrupted(self) -> None:
-        """After a requested stop: every engine settled, a checkpoint of the last finished step,
-        then :class:`Interrupted` naming it and the resume command."""
-        self.sync.settle(block=True)
+    def interrupted(self, settle: bool = True, why: str = "") -> None:
+        """After a requested stop: every engine settled (not when one hangs: ``settle=False``), a
+        checkpoint of the last finished step, then :class:`Interrupted` naming it and the resume command."""
+        if settle:
+            self.sync.settle(block=True)
         path = self.save(self._resume_point) if self.step > 0 else None
         where = f"checkpoint {path}" if path is not None else "no step finished, nothing saved"
-        raise Interrupted(f"interrupted ({self.stop_requested}) at step {self.step} ({where}); resume with: "
+        raise Interrupted(f"interrupted ({self.stop_requested}) at step {self.step} ({where}"
+                          f"{'; step ' + str(self.step + 1) + ' dropped: ' + why if why else ''}); resume with: "
                           f"{resume_command(self.cfg)}")
 
     def finish(self) -> dict[str, Any]:
@@ -274,7 +281,7 @@ class Run:
         if self.workers is not None:
             rollout = self.workers.rollout
             try:  # engines release their processes and adapter dirs
-                rollout.get(rollout.call("close"), timeout=60)
+                rollout.get(rollout.call("close"), timeout=15 if self.stop_requested else 60)
             except Exception:  # pragma: no cover - shutting down anyway
                 pass
             self.workers.kill()
