@@ -281,7 +281,7 @@ class Run:
         if self.workers is not None:
             rollout = self.workers.rollout
             try:  # engines release their processes and adapter dirs
-                rollout.get(rollout.call("close"), timeout=15 if self.stop_requested else 60)
+                rollout.get(rollout.call("close"), timeout=5 if self.stop_requested else 60)
             except Exception:  # pragma: no cover - shutting down anyway
                 pass
             self.workers.kill()
