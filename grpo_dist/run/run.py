@@ -69,6 +69,7 @@ class Run:
         self._loop_t0: float | None = None  # when this process's first step started (trainer.max_minutes)
         self._loop_steps0 = 0
         self.stopped: str | None = None  # why training ended before trainer.steps (max_minutes)
+        self.learned = 0  # the last step the learner trained on (ahead of self.step between learn and end_step)
 
     # ------------------------------------------------------------------------------- start
     def start(self) -> Config:
@@ -216,8 +217,11 @@ class Run:
         checkpoint of the last finished step, then :class:`Interrupted` naming it and the resume command."""
         if settle:
             self.sync.settle(block=True)
-        path = self.save(self._resume_point) if self.step > 0 else None
-        where = f"checkpoint {path}" if path is not None else "no step finished, nothing saved"
+        if self.learned > self.step:  # the learner holds an unfinished step's update: no checkpoint of it
+            where = f"step {self.learned} trained but not finished, not saved; {resume_hint(self.cfg).split(';')[0]}"
+        else:
+            path = self.save(self._resume_point) if self.step > 0 else None
+            where = f"checkpoint {path}" if path is not None else "no step finished, nothing saved"
         raise Interrupted(f"interrupted ({self.stop_requested}) at step {self.step} ({where}"
                           f"{'; step ' + str(self.step + 1) + ' dropped: ' + why if why else ''}); resume with: "
                           f"{resume_command(self.cfg)}")
