@@ -220,7 +220,10 @@ class Run:
         if self.learned > self.step:  # the learner holds an unfinished step's update: no checkpoint of it
             where = f"step {self.learned} trained but not finished, not saved; {resume_hint(self.cfg).split(';')[0]}"
         else:
-            path = self.save(self._resume_point) if self.step > 0 else None
+            if not settle and self.step > 0 and self._saved_step == self.step:  # written at the step's end
+                path = checkpoint.step_dir(self.cfg, self.step)
+            else:
+                path = self.save(self._resume_point) if self.step > 0 else None
             where = f"checkpoint {path}" if path is not None else "no step finished, nothing saved"
         raise Interrupted(f"interrupted ({self.stop_requested}) at step {self.step} ({where}"
                           f"{'; step ' + str(self.step + 1) + ' dropped: ' + why if why else ''}); resume with: "
