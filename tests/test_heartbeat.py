@@ -62,6 +62,19 @@ class Busy:
         self.child.wait()
 
 
+class AsyncBusy:
+    """An async actor (as ``rollout.streaming`` makes them): its calls run on an event loop."""
+
+    def ready(self) -> bool:
+        return True
+
+    async def work(self, seconds: float) -> float:
+        import asyncio
+
+        await asyncio.sleep(seconds)
+        return seconds
+
+
 @pytest.mark.slow
 def test_heartbeats_of_busy_stopped_and_broken_actors(ray_cluster):
     import ray
@@ -103,6 +116,17 @@ def test_heartbeats_of_busy_stopped_and_broken_actors(ray_cluster):
         assert e.value.hung and e.value.rank == 1 and 4.0 <= took < 8, took
         g.replace(1)  # kills the stopped actor (and what is left of its engine)
         assert g.get([g.actors[1].work.remote(0.1)], ranks=[1], timeout=60)[0] > 0
+
+        class AsyncActor(Placed, AsyncBusy):
+            pass
+
+        a = ActorGroup.create("rollout", AsyncActor, [()], spec=ActorSpec(num_cpus=0.1), max_concurrency=100,
+                              heartbeat=(0.5, 4.0))
+        try:
+            assert a.get(a.call("ready"), timeout=60) == [True]
+            assert a.get(a.call("work", 6.0)) == [6.0]  # past the heartbeat timeout: its heartbeats answered
+        finally:
+            a.kill()
     finally:
         for pid in (child0, child1):
             try:
