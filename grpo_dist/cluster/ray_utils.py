@@ -170,16 +170,18 @@ class ActorGroup:
         pending = list(refs)
         beats = _Heartbeats(self, refs, ranks) if self.heartbeat_s else None
         poll = min(POLL_S, self.heartbeat_s or POLL_S)
+        checked = time.monotonic()
         while pending:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready, pending = ray.wait(pending, num_returns=1, timeout=poll if left is None else min(left, poll))
+            if beats is not None and pending and (not ready or time.monotonic() - checked >= poll):
+                checked = time.monotonic()  # also while other refs keep finishing (one engine of several hung)
+                beats.check(pending)
             if not ready:
                 if left is not None and left <= poll:
                     rank = _first_unfinished(refs, self.actors, ranks)
                     raise ClusterError(f"{self.role} worker {_name(rank)}: no answer within {timeout:g} s (hung, or "
                                        f"resources the cluster cannot provide)", self.role, rank, hung=True)
-                if beats is not None:
-                    beats.check(pending)
                 continue
             try:
                 ray.get(ready)
