@@ -120,11 +120,15 @@ def test_hung_and_killed_engine_in_process_and_a_hung_reward_actor(pretrained_mo
     (silent: hung after the heartbeat timeout), SIGKILL it between steps (a dead actor), SIGSTOP
     the reward actor; each replaced, its work sent again, 0 groups lost."""
     out = tmp_path / "run"
-    driver = start(pretrained_model_dir, out, "--trainer.steps", "4")
+    driver = start(pretrained_model_dir, out, "--trainer.steps", "6")
     try:
         stop = hit(driver, out, 1, GENERATING, signal.SIGSTOP, idle_wait=30, fallback="ray::RolloutActor")
-        kill = hit(driver, out, 2, "ray::RolloutActor", signal.SIGKILL, exact=True, idle_wait=30)
-        reward = hit(driver, out, 3, "ray::RewardActor", signal.SIGSTOP)
+        # each next fault once a step has finished after the last replacement (a tiny step is
+        # shorter than a fresh engine's start: the faults would overlap)
+        kill = hit(driver, out, len(steps_done(out)) + 1, "ray::RolloutActor", signal.SIGKILL, exact=True,
+                   idle_wait=30)
+        after = len(steps_done(out)) + 1
+        reward = hit(driver, out, after, "ray::RewardActor", signal.SIGSTOP)  # idle: found at its next call
         rc, text = finish(driver, out)
     finally:
         if driver.poll() is None:
@@ -132,7 +136,7 @@ def test_hung_and_killed_engine_in_process_and_a_hung_reward_actor(pretrained_mo
     assert rc == 0, text[-4000:]
     assert TIMEOUT <= stop < TIMEOUT + 30 and kill < 60 and TIMEOUT <= reward < TIMEOUT + 30
     assert "no heartbeat for" in text and "replacing it (restart 3 of 5)" in text
-    check_no_group_lost(out, 4, 3)
+    check_no_group_lost(out, 6, 3)
 
 
 def test_killed_and_stopped_engine_processes_outside_the_actor(pretrained_model_dir, tmp_path):
