@@ -31,6 +31,7 @@ def train(run: Run) -> dict[str, Any]:
             batch = shape(groups, scores, run, m, learner_version=sync.version)  # advantages; staleness checked
             rollouts.submit_ahead(step)  # the next steps' batches generate with the current weights
             m.update(learn(run, batch, step, t))  # the policy update (and the reference refresh)
+            run.learned = step  # the learner is past the last checkpointable step until end_step
             with t("sync"):  # version v+1 to every engine; awaited only when nothing runs ahead
                 m.update(sync.push(int(m["train/version"]), wait=rollouts.depth == 0))
             run.end_step(t, m, groups, scores, batch)  # log, evaluate, checkpoint

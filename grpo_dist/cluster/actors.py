@@ -16,8 +16,39 @@ from grpo_dist.cluster.ray_utils import ActorGroup
 from grpo_dist.util.ports import free_port
 
 
+HEALTH_GROUP = "health"  # the Ray concurrency group of ``heartbeat``: it answers while the actor works
+
+
 class Placed:
-    """Mixin of every actor: where it runs (for learner rendezvous, placement checks and logs)."""
+    """Mixin of every actor: where it runs (for learner rendezvous, placement checks and logs),
+    and whether it is alive (:meth:`heartbeat`)."""
+
+    engine_pids: dict[int, str] = {}  # processes the actor's engine started (set once it is up)
+
+    @ray.method(concurrency_group=HEALTH_GROUP)
+    def heartbeat(self) -> dict:
+        """Answered in its own thread while the actor's calls run: this process answers, and
+        ``problems`` lists each engine process (``engine_pids``) stopped, exited or gone, as
+        ``(pid, name, state)``. The driver polls it while it waits (``ActorGroup.get``)."""
+        from grpo_dist.util.proc_health import problems
+
+        return {"pid": os.getpid(), "problems": problems(self.engine_pids)}
+
+    @ray.method(concurrency_group=HEALTH_GROUP)
+    def kill_engine(self) -> list[int]:
+        """SIGKILL every engine process (before the actor is replaced: a stopped one would
+        otherwise outlive it); the pids signalled."""
+        import signal
+
+        killed = []
+        for pid in list(self.engine_pids):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except OSError:  # gone already
+                pass
+        self.engine_pids = {}
+        return killed
 
     def node_info(self) -> dict:
         return {"ip": ray.util.get_node_ip_address(), "pid": os.getpid(),

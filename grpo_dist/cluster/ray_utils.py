@@ -33,9 +33,23 @@ class ClusterError(RuntimeError):
     """
 
     def __init__(self, msg: str, role: Optional[str] = None, rank: Optional[int] = None, dead: bool = False,
-                 hung: bool = False):
+                 hung: bool = False, interrupted: bool = False):
         super().__init__(msg)
         self.role, self.rank, self.dead, self.hung = role, rank, dead, hung
+        self.interrupted = interrupted  # found while a stop was requested (Ctrl-C): stop, do not replace
+
+
+POLL_S = 5.0  # longest single wait of ``ActorGroup.get``: a signal handler (Ctrl-C) runs between waits
+STOP_GRACE_S = 10.0  # after a stop request, a heartbeat silent this long stops the wait
+_stop_requested_at: list[Optional[float]] = [None]
+
+
+def request_stop(on: bool = True) -> None:
+    """A stop was requested (the first Ctrl-C): from now on ``ActorGroup.get`` gives up on an
+    actor whose heartbeat is silent for STOP_GRACE_S, or whose engine process is stopped or gone,
+    with a ClusterError marked ``interrupted`` (the run then stops without replacing it).
+    ``on=False`` clears it."""
+    _stop_requested_at[0] = time.monotonic() if on else None
 
 
 def init_ray(cfg: Config) -> dict[str, Any]:
@@ -85,15 +99,22 @@ class ActorGroup:
     factory: Optional[Callable[[int], Any]] = field(default=None, repr=False)  # a fresh actor for rank i
 
     timeout: Optional[float] = None  # default timeout of ``get`` (None = wait forever)
+    heartbeat_s: Optional[float] = None  # while ``get`` waits, each awaited actor's heartbeat every so often
+    heartbeat_timeout_s: Optional[float] = None  # ... an unanswered one past this: the actor is hung
+    beating: list = field(default_factory=list, repr=False)  # actors that answered a heartbeat once (started)
 
     @classmethod
     def create(cls, role: str, worker_cls: type, args_per_rank: Sequence[tuple], *, spec: "ActorSpec",
                placement: Optional["Placement"] = None, max_concurrency: int = 1,
-               timeout: Optional[float] = None, out_of_order: bool = False) -> "ActorGroup":
+               timeout: Optional[float] = None, out_of_order: bool = False,
+               heartbeat: Optional[tuple[float, float]] = None) -> "ActorGroup":
         """``args_per_rank[i]``: constructor arguments of rank i, placed in bundle i of the role's
         placement group (when ``placement`` is given). ``out_of_order``: a call runs as soon as its
-        arguments are ready, not after every call submitted before it (still one at a time)."""
-        remote_cls = ray.remote(worker_cls)
+        arguments are ready, not after every call submitted before it (still one at a time).
+        ``heartbeat``: (interval, timeout) seconds of the heartbeat ``get`` polls while it waits
+        (the class needs ``heartbeat``, as ``cluster.actors.Placed`` gives it)."""
+        groups = getattr(worker_cls, "heartbeat", None) is not None
+        remote_cls = ray.remote(concurrency_groups={"health": 1})(worker_cls) if groups else ray.remote(worker_cls)
         args_per_rank = list(args_per_rank)
 
         def factory(rank: int):
@@ -106,11 +127,18 @@ class ActorGroup:
                 opts["scheduling_strategy"] = placement.strategy(role, rank)
             return remote_cls.options(**opts).remote(*args_per_rank[rank])
 
-        return cls(role, [factory(i) for i in range(len(args_per_rank))], factory, timeout)
+        beat = heartbeat if groups and heartbeat is not None else (None, None)
+        return cls(role, [factory(i) for i in range(len(args_per_rank))], factory, timeout, *beat)
 
     def replace(self, rank: int) -> Any:
         """Kill rank ``rank`` (if anything is left of it) and start a fresh actor in its place
         (constructed, not set up)."""
+        if self.heartbeat_s:  # its engine processes first: a stopped one would outlive the actor
+            try:
+                ray.get(self.actors[rank].kill_engine.remote(), timeout=5)
+            except Exception:  # the actor itself is stopped or gone
+                pass
+        self.beating = [a for a in self.beating if a is not self.actors[rank]]
         try:
             ray.kill(self.actors[rank])
         except Exception:  # already gone
@@ -129,23 +157,36 @@ class ActorGroup:
         return [getattr(a, method).remote(*args) for a, args in zip(self.actors, per_rank_args)]
 
     def get(self, refs: list[Any], timeout: float | None = None, ranks: Optional[Sequence[int]] = None) -> list[Any]:
-        """``ray.get`` that turns a dead, failing or silent actor into one clear ClusterError.
+        """``ray.get`` that turns a dead, failing, silent or stopped actor into one clear ClusterError.
 
         Fails as soon as any ref fails (a dead rank is reported at once, not after the ranks that
         wait for it in a collective time out). ``timeout``: seconds for all refs (default: the
-        group's). ``ranks``: the actor rank of each ref (default: one ref per actor, in order)."""
+        group's). ``ranks``: the actor rank of each ref (default: one ref per actor, in order).
+        With a heartbeat (``heartbeat_s``), the actors still owing an answer are asked every
+        ``heartbeat_s``: one silent past ``heartbeat_timeout_s``, or reporting an engine process
+        stopped or gone, fails the wait (hung / dead) long before ``timeout``."""
         timeout = self.timeout if timeout is None else timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         pending = list(refs)
+        beats = _Heartbeats(self, refs, ranks) if self.heartbeat_s else None
+        poll = min(POLL_S, self.heartbeat_s or POLL_S)
+        checked = time.monotonic()
         while pending:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+            ready, pending = ray.wait(pending, num_returns=1, timeout=poll if left is None else min(left, poll))
+            if beats is not None and pending and (not ready or time.monotonic() - checked >= poll):
+                checked = time.monotonic()  # also while other refs keep finishing (one engine of several hung)
+                beats.check(pending)
             if not ready:
-                rank = _first_unfinished(refs, self.actors, ranks)
-                raise ClusterError(f"{self.role} worker {_name(rank)}: no answer within {timeout:g} s (hung, or "
-                                   f"resources the cluster cannot provide)", self.role, rank, hung=True)
+                if left is not None and left <= poll:
+                    rank = _first_unfinished(refs, self.actors, ranks)
+                    raise ClusterError(f"{self.role} worker {_name(rank)}: no answer within {timeout:g} s (hung, or "
+                                       f"resources the cluster cannot provide)", self.role, rank, hung=True)
+                continue
             try:
                 ray.get(ready)
+                if beats is not None:
+                    beats.started(_rank_of(ready[0], refs, self.actors, ranks))
             except RayActorError as e:
                 rank = _rank_of(ready[0], refs, self.actors, ranks)
                 raise ClusterError(f"{self.role} worker {_name(rank)} died: {e.__class__.__name__}: "
@@ -153,6 +194,8 @@ class ActorGroup:
             except RayTaskError as e:
                 rank = _rank_of(ready[0], refs, self.actors, ranks)
                 cause = e.cause if getattr(e, "cause", None) is not None else e
+                if beats is not None and rank is not None:
+                    beats.after_error(rank, cause)  # raised because its engine process died: dead, not a bug
                 raise ClusterError(f"{self.role} worker {_name(rank)} failed: {cause.__class__.__name__}: {cause}",
                                    self.role, rank) from e
             except RayError as e:  # e.g. an argument's object lost with its node: not this actor's fault
@@ -168,6 +211,78 @@ class ActorGroup:
             except Exception:  # pragma: no cover - already gone
                 pass
         self.actors = []
+
+
+class _Heartbeats:
+    """The heartbeats of the actors one ``ActorGroup.get`` waits on (one outstanding per actor)."""
+
+    def __init__(self, group: ActorGroup, refs: list[Any], ranks: Optional[Sequence[int]]):
+        self.group, self.ranks = group, list(_ranks_of(refs, group.actors, ranks))
+        self.refs = {r.hex(): rank for r, rank in zip(refs, self.ranks)}
+        self.sent: dict[int, tuple[Any, float]] = {}  # rank -> (heartbeat ref, when sent)
+        self.answered: dict[int, float] = {}  # rank -> when its last heartbeat was answered
+
+    def check(self, pending: list[Any]) -> None:
+        """Ask each actor owing a ref for a heartbeat; raise for one silent too long or unwell."""
+        g, now = self.group, time.monotonic()
+        stop_at = _stop_requested_at[0]
+        for rank in sorted({self.refs.get(r.hex()) for r in pending} - {None}):
+            if rank >= len(g.actors):
+                continue
+            ref, since = self.sent.get(rank, (None, now))
+            if ref is None:
+                if now - self.answered.get(rank, -1e9) >= g.heartbeat_s:
+                    self.sent[rank] = (g.actors[rank].heartbeat.remote(), now)
+                continue
+            if ray.wait([ref], timeout=0)[0]:
+                del self.sent[rank]
+                self.answered[rank] = now
+                self.started(rank)
+                self._read(rank, ref)
+                continue
+            if not any(a is g.actors[rank] for a in g.beating):
+                continue  # still starting (a new process, its imports): the call's own timeout bounds that
+            silent = now - since
+            if stop_at is not None and now - max(since, stop_at) >= STOP_GRACE_S:
+                raise ClusterError(f"{g.role} worker {rank}: no heartbeat for {silent:.0f} s (its process is "
+                                   f"stopped or hung)", g.role, rank, hung=True, interrupted=True)
+            if silent >= g.heartbeat_timeout_s:
+                raise ClusterError(f"{g.role} worker {rank}: no heartbeat for {silent:.0f} s "
+                                   f"(cluster.heartbeat_timeout_s {g.heartbeat_timeout_s:g}; its process is stopped "
+                                   f"or hung)", g.role, rank, hung=True)
+
+    def started(self, rank: Optional[int]) -> None:
+        """``rank`` answered (a heartbeat or a call): it is up, its silence counts from now on."""
+        g = self.group
+        if rank is not None and rank < len(g.actors) and not any(a is g.actors[rank] for a in g.beating):
+            g.beating.append(g.actors[rank])
+
+    def _read(self, rank: int, ref: Any) -> None:
+        g = self.group
+        try:
+            beat = ray.get(ref)
+        except RayError as e:  # the actor is gone: its own refs fail next
+            raise ClusterError(f"{g.role} worker {rank} died: {e.__class__.__name__}", g.role, rank, dead=True) from e
+        if beat.get("problems"):
+            what = ", ".join(f"{name} (pid {pid}) {state}" for pid, name, state in beat["problems"])
+            stopped = all(state == "stopped" for _, _, state in beat["problems"])
+            raise ClusterError(f"{g.role} worker {rank}: engine process {what}", g.role, rank, dead=not stopped,
+                               hung=stopped, interrupted=_stop_requested_at[0] is not None)
+
+    def after_error(self, rank: int, cause: BaseException) -> None:
+        """A call of ``rank`` raised: if its engine process is gone or stopped (or vLLM says its
+        engine is dead), raise that instead (the actor is replaced, not reported as a bug)."""
+        g = self.group
+        if cause.__class__.__name__ == "EngineDeadError":
+            raise ClusterError(f"{g.role} worker {rank}: engine dead: {cause}", g.role, rank, dead=True)
+        try:
+            beat = ray.get(g.actors[rank].heartbeat.remote(), timeout=10)
+        except Exception:
+            return
+        if beat.get("problems"):
+            what = ", ".join(f"{name} (pid {pid}) {state}" for pid, name, state in beat["problems"])
+            raise ClusterError(f"{g.role} worker {rank}: engine process {what} ({cause.__class__.__name__}: "
+                               f"{cause})", g.role, rank, dead=True)
 
 
 def _ranks_of(refs: list[Any], actors: list[Any], ranks: Optional[Sequence[int]]) -> Sequence[Optional[int]]:

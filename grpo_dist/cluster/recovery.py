@@ -1,12 +1,14 @@
 """Replacing dead rollout and reward actors mid-run.
 
-A rollout or reward actor whose process is gone (node lost, OOM-killed, preempted), or a rollout
-actor silent past ``rollout.generate_timeout_s`` (a hung engine: it is killed), is replaced
+A rollout or reward actor whose process is gone (node lost, OOM-killed, preempted), whose engine
+process is stopped or gone (its heartbeat says so), or that is silent (no heartbeat for
+``cluster.heartbeat_timeout_s``, or no answer within ``rollout.generate_timeout_s``: it is killed), is replaced
 by a fresh one at the same rank: set up, brought to the learner's current weights, and the
 dispatch that failed is issued again. At most ``cluster.max_restarts`` replacements per run;
 every one is logged as a warning and counted in ``cluster/restarts``. Not replaced:
 
 * an actor that *raised* (a bug; retrying would repeat it) -- the run stops with its error;
+* any actor found silent or dead after a stop was requested (Ctrl-C): the run stops at once;
 * a learner rank (its DeepSpeed process group cannot take a newcomer) -- the run stops and
   ``checkpoint.resume: auto`` continues from the last checkpoint.
 """
@@ -44,7 +46,7 @@ class Recovery:
     def handle(self, e: ClusterError) -> None:
         """Replace the dead actor ``e`` names, or re-raise ``e`` when that is not possible."""
         limit = self.cfg.cluster.max_restarts
-        if not (e.dead or e.hung) or e.role not in REPLACEABLE or e.rank is None:
+        if not (e.dead or e.hung) or e.role not in REPLACEABLE or e.rank is None or e.interrupted:
             raise e
         if self.restarts >= limit:
             raise ClusterError(f"{e} (cluster.max_restarts={limit} replacements used up)",

@@ -253,6 +253,12 @@ class ClusterConfig(Section):
         "overlapping the update, or on GPU, int(cluster.<role>_cpus) (at least 1): OpenMP threads competing "
         "with an engine for cores run much slower. The choice is printed at start.")
     actor_start_timeout_s: float = Field(600.0, gt=0, description="Fail if actors are not up by then (unsatisfiable resources).")
+    heartbeat_interval_s: float = Field(5.0, gt=0, description="While the driver waits on an actor call, it "
+                                        "asks each actor it waits on for a heartbeat this often (answered in its "
+                                        "own thread; it also reports an engine process stopped or gone).")
+    heartbeat_timeout_s: float = Field(60.0, gt=0, description="An actor whose heartbeat stays unanswered this "
+                                       "long is hung (a stopped process): a rollout or reward actor is replaced, a "
+                                       "learner rank stops the run. The call timeouts stay the outer bound.")
     max_restarts: int = Field(3, ge=0, description="Dead rollout/reward actors replaced per run (work re-issued, "
                               "weights restored) before the run stops; a dead learner always stops it.")
 

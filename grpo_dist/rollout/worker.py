@@ -22,6 +22,7 @@ from grpo_dist.rollout.weight_group import WeightGroupMember, weight_group_engin
 from grpo_dist.sync import AdapterStore, make_transport
 from grpo_dist.sync.merge import LoraMerger, read_adapter_dir
 from grpo_dist.types import AdapterUpdate, Rollout, RolloutGroup
+from grpo_dist.util.proc_health import descendants
 
 log = logging.getLogger("grpo_dist.rollout")
 
@@ -79,6 +80,8 @@ class RolloutWorker(WeightGroupMember):
         t0 = time.perf_counter()
         seed = self.cfg.rollout.seed if self.cfg.rollout.seed is not None else self.cfg.trainer.seed
         self.engine = self._make_engine(seed + 1000 * self.rank)
+        # the processes the engine started (none in process): the heartbeat reports them stopped or gone
+        self.engine_pids = descendants()
         mode, _ = adapter_mode(self.cfg)
         # merged: the engine copies a version in when it reloads, so only the newest is kept on disk
         keep = 1 if mode == "merged" else self.cfg.sync.keep_versions
@@ -98,6 +101,7 @@ class RolloutWorker(WeightGroupMember):
         return self.engine is not None
 
     def close(self) -> None:
+        self.engine_pids = {}  # its processes end now
         if self.agent is not None:
             self.agent.close()
         if self.engine is not None:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from grpo_dist.cluster import ray_utils
 from grpo_dist.cluster.ray_utils import ClusterError, init_ray
 from grpo_dist.cluster.recovery import Recovery
 from grpo_dist.cluster.shared_dir import check_storage
@@ -68,6 +69,7 @@ class Run:
         self._loop_t0: float | None = None  # when this process's first step started (trainer.max_minutes)
         self._loop_steps0 = 0
         self.stopped: str | None = None  # why training ended before trainer.steps (max_minutes)
+        self.learned = 0  # the last step the learner trained on (ahead of self.step between learn and end_step)
 
     # ------------------------------------------------------------------------------- start
     def start(self) -> Config:
@@ -75,6 +77,7 @@ class Run:
         if self.workers is not None:
             return self.cfg
         cfg = self.cfg
+        ray_utils.request_stop(False)
         self.out.mkdir(parents=True, exist_ok=True)
         self.train_records, self.eval_records = preflight.prepared_data(cfg)  # cached: checked once per process
         self.extra_records = preflight.extra_eval_sets(cfg)  # eval.extra: more held-out sets
@@ -150,6 +153,8 @@ class Run:
                                 f"{path}; fix the function, then resume with: {resume_command(self.cfg)}\n"
                                 f"{e.details()}") from None
         except ClusterError as e:
+            if e.interrupted and self.stop_requested:  # Ctrl-C while an actor hangs: stop now, keep the last step
+                self.interrupted(settle=False, why=str(e))
             raise TrainingError(f"{e}; stopped at step {self.step}: {resume_hint(self.cfg)}") from e
 
     def check_finite(self, metrics: dict[str, float], where: str) -> None:
@@ -206,14 +211,23 @@ class Run:
     def request_stop(self, why: str) -> None:
         """Stop at the end of the current step (a signal handler calls this: it only sets a flag)."""
         self.stop_requested = why
+        ray_utils.request_stop()  # a wait on a silent or stopped actor now gives up in seconds
 
-    def interrupted(self) -> None:
-        """After a requested stop: every engine settled, a checkpoint of the last finished step,
-        then :class:`Interrupted` naming it and the resume command."""
-        self.sync.settle(block=True)
-        path = self.save(self._resume_point) if self.step > 0 else None
-        where = f"checkpoint {path}" if path is not None else "no step finished, nothing saved"
-        raise Interrupted(f"interrupted ({self.stop_requested}) at step {self.step} ({where}); resume with: "
+    def interrupted(self, settle: bool = True, why: str = "") -> None:
+        """After a requested stop: every engine settled (not when one hangs: ``settle=False``), a
+        checkpoint of the last finished step, then :class:`Interrupted` naming it and the resume command."""
+        if settle:
+            self.sync.settle(block=True)
+        if self.learned > self.step:  # the learner holds an unfinished step's update: no checkpoint of it
+            where = f"step {self.learned} trained but not finished, not saved; {resume_hint(self.cfg).split(';')[0]}"
+        else:
+            if not settle and self.step > 0 and self._saved_step == self.step:  # written at the step's end
+                path = checkpoint.step_dir(self.cfg, self.step)
+            else:
+                path = self.save(self._resume_point) if self.step > 0 else None
+            where = f"checkpoint {path}" if path is not None else "no step finished, nothing saved"
+        raise Interrupted(f"interrupted ({self.stop_requested}) at step {self.step} ({where}"
+                          f"{'; step ' + str(self.step + 1) + ' dropped: ' + why if why else ''}); resume with: "
                           f"{resume_command(self.cfg)}")
 
     def finish(self) -> dict[str, Any]:
@@ -280,7 +294,7 @@ class Run:
         if self.workers is not None:
             rollout = self.workers.rollout
             try:  # engines release their processes and adapter dirs
-                rollout.get(rollout.call("close"), timeout=60)
+                rollout.get(rollout.call("close"), timeout=5 if self.stop_requested else 60)
             except Exception:  # pragma: no cover - shutting down anyway
                 pass
             self.workers.kill()

@@ -97,13 +97,19 @@ class Workers:
             self.placement.remove()
 
 
+def heartbeat(cfg: Config) -> tuple[float, float]:
+    """(interval, timeout) of the heartbeat the driver polls while it waits on an actor."""
+    return cfg.cluster.heartbeat_interval_s, cfg.cluster.heartbeat_timeout_s
+
+
 def create_generators(cfg: Config, placement: Optional[Placement] = None) -> tuple[ActorGroup, ActorGroup]:
     """The rollout and reward actor groups (created, not yet set up)."""
     spec = actor_specs(cfg)
     streaming = cfg.rollout.streaming  # an async actor: its calls run concurrently
     rollout = ActorGroup.create("rollout", StreamingRolloutActor if streaming else RolloutActor,
                                 [(cfg, i) for i in range(cfg.rollout.num_workers)], spec=spec["rollout"],
-                                placement=placement, max_concurrency=1000 if streaming else 1)
+                                placement=placement, max_concurrency=1000 if streaming else 1,
+                                heartbeat=heartbeat(cfg))
     return rollout, create_reward(cfg, placement)
 
 
@@ -112,7 +118,7 @@ def create_reward(cfg: Config, placement: Optional[Placement] = None) -> ActorGr
     whatever was submitted before it (out-of-order execution)."""
     return ActorGroup.create("reward", RewardActor, [(cfg.reward,)] * cfg.reward.num_workers,
                              spec=actor_specs(cfg)["reward"], placement=placement,
-                             out_of_order=cfg.rollout.streaming)
+                             out_of_order=cfg.rollout.streaming, heartbeat=heartbeat(cfg))
 
 
 def start_learners(cfg: Config, placement: Optional[Placement]) -> tuple[ActorGroup, list]:
@@ -120,7 +126,8 @@ def start_learners(cfg: Config, placement: Optional[Placement]) -> tuple[ActorGr
     ranks (returns the group and the setup refs)."""
     c, k = cfg.cluster, cfg.learner.num_learners
     learner = ActorGroup.create("learner", LearnerActor, [(cfg, r, k) for r in range(k)],
-                                spec=actor_specs(cfg)["learner"], placement=placement, timeout=c.learner_timeout_s)
+                                spec=actor_specs(cfg)["learner"], placement=placement, timeout=c.learner_timeout_s,
+                                heartbeat=heartbeat(cfg))
     where = learner.get([learner.actors[0].rendezvous_address.remote()], timeout=c.actor_start_timeout_s,
                         ranks=[0])[0]
     log.info("learner rendezvous at %s:%s (rank 0's node)", where["ip"], where["port"])

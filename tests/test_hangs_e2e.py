@@ -1,0 +1,222 @@
+"""Hung and killed engines, a hung learner, Ctrl-C during a hang: through ``grpo-dist train`` on the
+real stack (vLLM CPU, Ray, DeepSpeed), faults sent from outside by pid as a user or the OOM
+killer would. Each run prints how long each detection took (``pytest -s``: the HANG-TABLE lines
+of benchmarks/NOTES.md). Heartbeats here: every 2 s, hung after 20 s (the defaults: 5 s, 60 s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+TIMEOUT = 20
+
+
+def start(model_dir: Path, out: Path, *extra: str) -> subprocess.Popen:
+    args = ["--config", "configs/tiny_cpu.yaml", "--model.path", str(model_dir), "--model.make_if_missing", "null",
+            "--output_dir", str(out), "--rollout.num_workers", "1", "--rollout.prompts_per_step", "4",
+            "--rollout.group_size", "4", "--trainer.eval_before_after", "false", "--checkpoint.every", "1",
+            "--logging.wandb_mode", "disabled", "--logging.progress", "false", "--cluster.max_restarts", "5",
+            "--cluster.heartbeat_interval_s", "2", "--cluster.heartbeat_timeout_s", str(TIMEOUT), *extra]
+    out.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([sys.executable, "-m", "grpo_dist.cli", "train", *args], cwd=ROOT,
+                            stdout=open(out.parent / "stdout.txt", "w"), stderr=open(out.parent / "stderr.txt", "w"),
+                            text=True)
+
+
+def steps_done(out: Path) -> list[dict]:
+    f = out / "metrics.jsonl"
+    return [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
+
+
+GENERATING = ("ray::RolloutActor.generate", "ray::RolloutActor.heartbeat")  # the title flips while it generates
+
+
+def procs(driver: subprocess.Popen, title: str | tuple, exact: bool = False) -> list[psutil.Process]:
+    """The run's processes whose title is (or starts with) ``title`` (Ray sets ``ray::Role.method``)."""
+    found, titles = [], (title,) if isinstance(title, str) else title
+    for p in psutil.Process(driver.pid).children(recursive=True):
+        try:
+            t = " ".join(p.cmdline()).strip()
+            if (t in titles if exact else t.startswith(titles)) and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def pick(driver: subprocess.Popen, preferred: str | tuple, fallback: str, limit: float = 30) -> psutil.Process:
+    """A process titled ``preferred`` (e.g. generating) if one shows within ``limit`` s (a tiny
+    model's generation can be shorter than a poll), else any titled ``fallback``."""
+    try:
+        return wait_for(lambda: procs(driver, preferred), driver, limit=limit, what=str(preferred))[0]
+    except AssertionError:
+        return wait_for(lambda: procs(driver, fallback), driver, what=fallback)[0]
+
+
+def wait_for(cond, driver: subprocess.Popen, limit: float = 900, what: str = ""):
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        got = cond()
+        if got:
+            return got
+        assert driver.poll() is None, f"the run ended while waiting for {what}"
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def replacements(out: Path) -> int:
+    return (out.parent / "stderr.txt").read_text().count("-- replacing it (restart ")
+
+
+def hit(driver: subprocess.Popen, out: Path, after_step: int, title: str | tuple, sig: int,
+        exact: bool = False, idle_wait: float = 900, fallback: str | None = None) -> float:
+    """Once ``after_step`` steps are done, send ``sig`` to the first process titled ``title``
+    (waiting at most ``idle_wait`` s for it, then any process of the role); the seconds until the
+    driver logs that it replaces the actor."""
+    wait_for(lambda: len(steps_done(out)) >= after_step, driver, what=f"step {after_step}")
+    try:
+        p = wait_for(lambda: procs(driver, title, exact), driver, limit=idle_wait, what=str(title))[0]
+    except AssertionError:
+        p = wait_for(lambda: procs(driver, fallback or title), driver, what=str(fallback or title))[0]
+    before = replacements(out)
+    os.kill(p.pid, sig)
+    t0 = time.monotonic()
+    wait_for(lambda: replacements(out) > before, driver, what=f"{title} replaced")
+    took = time.monotonic() - t0
+    print(f"\nHANG-TABLE | {signal.Signals(sig).name} {title} (pid {p.pid}) after step {after_step} | "
+          f"replacement logged after {took:.0f} s")
+    return took
+
+
+def finish(driver: subprocess.Popen, out: Path, limit: float = 900) -> tuple[int, str]:
+    try:
+        rc = driver.wait(limit)
+    except subprocess.TimeoutExpired:
+        driver.kill()
+        raise
+    return rc, (out.parent / "stderr.txt").read_text() + (out.parent / "stdout.txt").read_text()
+
+
+def check_no_group_lost(out: Path, steps: int, restarts: int) -> None:
+    done = steps_done(out)
+    assert [int(m["step"]) for m in done] == list(range(1, steps + 1))
+    assert all(m["rollout/num_completions"] == 16 for m in done)  # 4 prompts x 4, every step
+    assert done[-1]["cluster/restarts"] == restarts
+
+
+def test_hung_and_killed_engine_in_process_and_a_hung_reward_actor(pretrained_model_dir, tmp_path):
+    """The engine in the rollout actor's process (the CPU default): SIGSTOP it mid-generation
+    (silent: hung after the heartbeat timeout), SIGKILL it between steps (a dead actor), SIGSTOP
+    the reward actor; each replaced, its work sent again, 0 groups lost."""
+    out = tmp_path / "run"
+    driver = start(pretrained_model_dir, out, "--trainer.steps", "8")  # steps left after the last fault
+    try:
+        stop = hit(driver, out, 1, GENERATING, signal.SIGSTOP, idle_wait=30, fallback="ray::RolloutActor")
+        # each next fault once a step has finished after the last replacement (a tiny step is
+        # shorter than a fresh engine's start: the faults would overlap)
+        kill = hit(driver, out, len(steps_done(out)) + 1, "ray::RolloutActor", signal.SIGKILL, exact=True,
+                   idle_wait=30)
+        after = len(steps_done(out)) + 1
+        reward = hit(driver, out, after, "ray::RewardActor", signal.SIGSTOP)  # idle: found at its next call
+        rc, text = finish(driver, out)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert rc == 0, text[-4000:]
+    assert TIMEOUT <= stop < TIMEOUT + 30 and kill < 60 and TIMEOUT <= reward < TIMEOUT + 30
+    assert "no heartbeat for" in text and "replacing it (restart 3 of 5)" in text
+    check_no_group_lost(out, 8, 3)
+
+
+def test_killed_and_stopped_engine_processes_outside_the_actor(pretrained_model_dir, tmp_path):
+    """rollout.engine_in_process false: vLLM's engine core (VLLM::EngineCore) and its CPU worker
+    (VLLM::Worker) are child processes of the actor. SIGKILL the engine core mid-generation and
+    between steps, SIGSTOP the worker mid-generation: each found by the actor's heartbeat (an
+    engine process gone or stopped) or by vLLM's own error, the actor replaced, 0 groups lost."""
+    out = tmp_path / "run"
+    driver = start(pretrained_model_dir, out, "--trainer.steps", "4", "--rollout.engine_in_process", "false")
+    try:
+        wait_for(lambda: len(steps_done(out)) >= 1, driver, what="step 1")
+        pick(driver, GENERATING, "ray::RolloutActor")
+        mid = hit(driver, out, 1, "VLLM::EngineCore", signal.SIGKILL)
+        wait_for(lambda: len(steps_done(out)) >= 2 and procs(driver, "ray::RolloutActor", exact=True), driver,
+                 what="step 2 done, the engine idle")
+        between = hit(driver, out, 2, "VLLM::EngineCore", signal.SIGKILL)
+        wait_for(lambda: len(steps_done(out)) >= 3, driver, what="step 3")
+        pick(driver, GENERATING, "ray::RolloutActor")
+        stopped = hit(driver, out, 3, "VLLM::Worker", signal.SIGSTOP)
+        rc, text = finish(driver, out)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert rc == 0, text[-4000:]
+    assert mid < 30 and between < 60 and stopped < 30
+    assert "engine process" in text and "replacing it (restart 3 of 5)" in text
+    check_no_group_lost(out, 4, 3)
+
+
+def test_ctrl_c_during_a_hang_stops_with_the_last_checkpoint(pretrained_model_dir, tmp_path):
+    out = tmp_path / "run"
+    driver = start(pretrained_model_dir, out, "--trainer.steps", "6", "--cluster.heartbeat_timeout_s", "600")
+    try:
+        wait_for(lambda: len(steps_done(out)) >= 2, driver, what="step 2")
+        p = pick(driver, GENERATING, "ray::RolloutActor")
+        os.kill(p.pid, signal.SIGSTOP)
+        time.sleep(3)
+        t0 = time.monotonic()
+        driver.send_signal(signal.SIGINT)
+        rc, text = finish(driver, out, limit=120)
+        took = time.monotonic() - t0
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    print(f"\nHANG-TABLE | Ctrl-C while the engine is stopped | exit {rc} in {took:.0f} s")
+    assert rc == 130 and took < 30, text[-4000:]
+    done = len(steps_done(out))
+    ckpt = out / "checkpoints" / f"step_{done:06d}"
+    assert (ckpt / "trainer_state.json").is_file()
+    # the stream position saved is after the trained steps' prompts only: the step in flight is
+    # generated again on resume (docs/reproducibility.md)
+    assert json.loads((ckpt / "trainer_state.json").read_text())["data"]["index"] == done * 4
+    line = next(x for x in text.splitlines() if x.startswith("interrupted (SIGINT)"))
+    # the checkpoint of step `done` written now, or (stopped while the engines loaded step done+1's
+    # weights, which the learner holds) the one written at step `done`, named
+    assert f"at step {done} (" in line and str(ckpt) in line, line
+    assert f"; step {done + 1} dropped: rollout worker 0: no heartbeat for " in line, line
+    assert line.endswith(f"resume with: grpo-dist train --config {out / 'config.yaml'} --checkpoint.resume auto")
+
+
+def test_a_hung_learner_rank_stops_the_run_with_one_line(pretrained_model_dir, tmp_path):
+    out = tmp_path / "run"
+    driver = start(pretrained_model_dir, out, "--trainer.steps", "6")
+    try:
+        wait_for(lambda: len(steps_done(out)) >= 2, driver, what="step 2")
+        p = wait_for(lambda: procs(driver, "ray::LearnerActor"), driver, what="the learner")[0]
+        os.kill(p.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        rc, text = finish(driver, out, limit=300)
+        took = time.monotonic() - t0
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        try:
+            os.kill(p.pid, signal.SIGKILL)
+        except (OSError, NameError):
+            pass
+    print(f"\nHANG-TABLE | SIGSTOP of the learner rank | exit {rc} in {took:.0f} s")
+    assert rc == 1, text[-4000:]
+    line = next(x for x in text.splitlines() if x.startswith("error: "))
+    assert line.startswith("error: learner worker 0: no heartbeat for "), line
+    assert line.endswith(f"resume with: grpo-dist train --config {out / 'config.yaml'} --checkpoint.resume auto")
+    assert took < TIMEOUT + 60

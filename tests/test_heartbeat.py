@@ -1,0 +1,136 @@
+"""Heartbeats: an engine process stopped or gone is reported, a busy actor still answers, a
+stopped actor is found hung within ``cluster.heartbeat_timeout_s`` (not the call's timeout)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from grpo_dist.util.proc_health import descendants, problems
+
+
+def test_a_stopped_exited_or_gone_child_is_reported():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        watched = descendants()
+        assert child.pid in watched and problems(watched) == []
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while not problems(watched) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert problems(watched) == [(child.pid, watched[child.pid], "stopped")]
+        os.kill(child.pid, signal.SIGCONT)
+        time.sleep(0.2)
+        assert problems(watched) == []
+        os.kill(child.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not problems(watched) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert problems(watched) == [(child.pid, watched[child.pid], "exited")]  # a zombie until reaped
+        assert child.pid not in descendants()  # a zombie is never recorded as an engine process
+        child.wait()
+        assert problems(watched) == [(child.pid, watched[child.pid], "gone")]
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+class Busy:
+    """An actor whose engine is one child process; ``work`` holds its main thread (pure Python)."""
+
+    def __init__(self):
+        self.child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        self.engine_pids = descendants()
+
+    def work(self, seconds: float) -> int:
+        n, end = 0, time.monotonic() + seconds
+        while time.monotonic() < end:
+            n += 1
+        return n
+
+    def pids(self) -> tuple[int, int]:
+        return os.getpid(), self.child.pid
+
+    def close(self) -> None:
+        self.child.kill()
+        self.child.wait()
+
+
+class AsyncBusy:
+    """An async actor (as ``rollout.streaming`` makes them): its calls run on an event loop."""
+
+    def ready(self) -> bool:
+        return True
+
+    async def work(self, seconds: float) -> float:
+        import asyncio
+
+        await asyncio.sleep(seconds)
+        return seconds
+
+
+@pytest.mark.slow
+def test_heartbeats_of_busy_stopped_and_broken_actors(ray_cluster):
+    import ray
+
+    from grpo_dist.cluster.actors import Placed
+    from grpo_dist.cluster.placement import ActorSpec
+    from grpo_dist.cluster.ray_utils import ActorGroup, ClusterError
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False)
+
+    class BusyActor(Placed, Busy):
+        pass
+
+    g = ActorGroup.create("rollout", BusyActor, [(), ()], spec=ActorSpec(num_cpus=0.1), heartbeat=(0.5, 4.0))
+    try:
+        (pid0, child0), (pid1, child1) = g.get(g.call("pids"), timeout=60)
+        # busy in pure Python for 6 s, past the heartbeat timeout: its heartbeat thread still answers
+        t0 = time.monotonic()
+        assert g.get([g.actors[0].work.remote(6.0)], ranks=[0])[0] > 0
+        assert time.monotonic() - t0 >= 6.0
+        # the engine child stopped: reported at the next heartbeat, as hung
+        os.kill(child0, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(ClusterError, match=rf"^rollout worker 0: engine process .*\(pid {child0}\) stopped$") as e:
+            g.get([g.actors[0].work.remote(30.0)], ranks=[0])
+        assert e.value.hung and not e.value.dead and time.monotonic() - t0 < 5
+        os.kill(child0, signal.SIGKILL)
+        with pytest.raises(ClusterError, match=rf"engine process .*\(pid {child0}\) (exited|gone)$") as e:
+            g.get([g.actors[0].work.remote(30.0)], ranks=[0])
+        assert e.value.dead
+        # the actor process itself stopped: no heartbeat for the timeout, reported hung (rank 1)
+        os.kill(pid1, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(ClusterError, match=r"^rollout worker 1: no heartbeat for \d+ s \(cluster\.heartbeat_"
+                                               r"timeout_s 4; its process is stopped or hung\)$") as e:
+            g.get([g.actors[1].work.remote(1.0)], ranks=[1], timeout=600)
+        took = time.monotonic() - t0
+        assert e.value.hung and e.value.rank == 1 and 4.0 <= took < 8, took
+        g.replace(1)  # kills the stopped actor (and what is left of its engine)
+        assert g.get([g.actors[1].work.remote(0.1)], ranks=[1], timeout=60)[0] > 0
+
+        class AsyncActor(Placed, AsyncBusy):
+            pass
+
+        a = ActorGroup.create("rollout", AsyncActor, [()], spec=ActorSpec(num_cpus=0.1), max_concurrency=100,
+                              heartbeat=(0.5, 4.0))
+        try:
+            assert a.get(a.call("ready"), timeout=60) == [True]
+            assert a.get(a.call("work", 6.0)) == [6.0]  # past the heartbeat timeout: its heartbeats answered
+        finally:
+            a.kill()
+    finally:
+        for pid in (child0, child1):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        g.kill()
