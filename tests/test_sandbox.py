@@ -23,11 +23,16 @@ from grpo_dist.envs import EnvLimits
 from grpo_dist.envs.base import run
 from grpo_dist.envs.builtin import PythonCodeEnv
 from grpo_dist.envs._seccomp import _DENIED
-from grpo_dist.envs.sandbox import STUB, SandboxLimits, isolation, run_python_sync
+from grpo_dist.envs.sandbox import STUB, SandboxLimits, isolation, run_python
 from grpo_dist.types import PromptRecord
 
 ISO = isolation()
 
+
+
+def run_python_sync(code: str, limits: SandboxLimits | None = None):
+    """The code tool's coroutine run to its end (the environments' event loop)."""
+    return run(run_python(code, limits))
 
 def test_plain_code_runs_in_an_empty_directory_that_is_removed():
     r = run_python_sync("import os, sys\nprint(os.listdir('.'), os.getcwd() == os.environ['HOME'])\nprint(6 * 7)")

@@ -225,8 +225,3 @@ def _kill(proc) -> None:
     except (ProcessLookupError, PermissionError):
         pass
 
-
-def run_python_sync(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
-    from grpo_dist.envs.base import run
-
-    return run(run_python(code, limits))
