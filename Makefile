@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml
 # linter run first: a circle or an unused import fails CI in seconds, before the suite.
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
-	$(VENV)/bin/ruff check grpo_dist tests benchmarks launch
+	$(VENV)/bin/ruff check grpo_dist tests benchmarks launch examples docs/hooks
 
 # The documentation site (mkdocs.yml, docs/): strict, so a link to a missing page or anchor fails the
 # build; the configuration reference is generated from the config's field descriptions as it builds.
