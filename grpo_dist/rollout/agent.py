@@ -39,17 +39,14 @@ from grpo_dist.rollout.base import Generator, SamplingSpec
 from grpo_dist.rollout.trajectory import encoder_for, make_rollout, warn_once
 from grpo_dist.rollout.user_fn import _Batcher
 from grpo_dist.types import Rollout, RolloutGroup, StopReason
-from grpo_dist.util.plugins import load_object
+from grpo_dist.util.plugins import load_function
 
 log = logging.getLogger("grpo_dist.rollout")
 
 
 def load_agent(spec: str) -> Callable[..., Any]:
     """The agent function ``spec`` names; ValueError naming it."""
-    fn, where = load_object(spec, "agent", "function")
-    if not callable(fn):
-        raise ValueError(f"agent {spec!r}: {where} attribute is not callable")
-    return fn
+    return load_function(spec, "agent")
 
 
 class AgentRollouts:

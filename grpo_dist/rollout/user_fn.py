@@ -37,7 +37,7 @@ from grpo_dist.envs.base import acall, env_loop, run
 from grpo_dist.rollout.base import Generator, SamplingSpec, generate_each
 from grpo_dist.rollout.trajectory import make_rollout, turn_seed
 from grpo_dist.types import TOOL_COUNTERS, Rollout, RolloutGroup, StopReason
-from grpo_dist.util.plugins import load_object
+from grpo_dist.util.plugins import load_function
 
 REQUIRED = ("completion_ids", "loss_mask", "logprobs")
 OPTIONAL = ("prompt_ids", "reward", "info", "stop_reason", "messages")
@@ -57,10 +57,7 @@ class Generation:
 
 def load_rollout_fn(spec: str) -> Callable[..., Any]:
     """The function ``spec`` names; ValueError naming it."""
-    fn, where = load_object(spec, "rollout function", "function")
-    if not callable(fn):
-        raise ValueError(f"rollout function {spec!r}: {where} attribute is not callable")
-    return fn
+    return load_function(spec, "rollout function")
 
 
 class _Batcher:

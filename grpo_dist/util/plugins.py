@@ -14,7 +14,7 @@ import importlib.util
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 _FILE_MODULES: dict[Path, Any] = {}
 _LOCK = threading.Lock()
@@ -43,6 +43,14 @@ def load_object(spec: str, kind: str, attr_kind: str = "object") -> tuple[Any, s
             raise ValueError(f"{kind} {spec!r}: {where} has no attribute {attr!r} "
                              f"(callables there: {', '.join(public[:20]) or 'none'})") from None
     return obj, where
+
+
+def load_function(spec: str, kind: str) -> Callable[..., Any]:
+    """The callable ``spec`` names (``module:fn`` / ``file.py:fn``); ValueError naming ``kind`` and it."""
+    fn, where = load_object(spec, kind, "function")
+    if not callable(fn):
+        raise ValueError(f"{kind} {spec!r}: {where} attribute is not callable")
+    return fn
 
 
 def _import_module(spec: str, kind: str, name: str) -> Any:
