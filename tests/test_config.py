@@ -56,6 +56,16 @@ def test_every_field_has_a_description():
     assert not undocumented
 
 
+def test_an_empty_mapping_override_clears_the_files_mapping():
+    """``--eval.extra {}`` drops the sets a config names (a merge key by key would keep them all)."""
+    root = Path(__file__).resolve().parents[1]
+    path = root / "configs" / "smollm2_cpu.yaml"
+    assert load_config(path).eval.extra  # the recipe names a second held-out set
+    assert load_config(path, ["--eval.extra", "{}"]).eval.extra == {}
+    kept = load_config(path, ["--eval.extra", "{sums: 'builtin:add?n=4'}"]).eval.extra
+    assert kept["sums"] == "builtin:add?n=4" and len(kept) == len(load_config(path).eval.extra) + 1
+
+
 def test_overrides_parse_yaml_values():
     o = parse_overrides(["--algo.beta", "0.0", "--rollout.stop=[\"\\n\", \"x\"]", "--trainer.steps", "7",
                          "--logging.wandb_mode", "disabled"])

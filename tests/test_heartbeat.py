@@ -84,7 +84,7 @@ def test_heartbeats_of_busy_stopped_and_broken_actors(ray_cluster):
     from grpo_dist.cluster.ray_utils import ActorGroup, ClusterError
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False)
 
     class BusyActor(Placed, Busy):
         pass
@@ -134,3 +134,62 @@ def test_heartbeats_of_busy_stopped_and_broken_actors(ray_cluster):
             except OSError:
                 pass
         g.kill()
+
+
+class StopsInPublish:
+    """A learner rank that stops (SIGSTOP, as a hung process would) while it makes a weight update."""
+
+    def publish_update(self):
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return 1, None
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Loads:
+    """An engine that loads whatever it is sent."""
+
+    def load_update(self, payload) -> dict:
+        return {"version": 1, "bytes": 0, "seconds": 0.0}
+
+
+@pytest.mark.slow
+def test_a_learner_stopped_while_it_publishes_is_named_not_the_engines_waiting_for_it(ray_cluster):
+    """An engine's load waits for the learner's payload; sent before the payload exists, it would
+    queue every later call to that engine (its heartbeat too) behind the stopped learner, and the
+    engine would be blamed (and replaced, and blamed again) instead of the learner."""
+    import ray
+
+    from grpo_dist.cluster.actors import Placed
+    from grpo_dist.cluster.placement import ActorSpec
+    from grpo_dist.cluster.ray_utils import ActorGroup, ClusterError
+    from grpo_dist.sync.weight_sync import WeightSync
+
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False)
+
+    class Learner(Placed, StopsInPublish):
+        pass
+
+    class Engine(Placed, Loads):
+        pass
+
+    beat = (0.5, 3.0)
+    learners = ActorGroup.create("learner", Learner, [()], spec=ActorSpec(num_cpus=0.1), heartbeat=beat)
+    engines = ActorGroup.create("rollout", Engine, [()], spec=ActorSpec(num_cpus=0.1), heartbeat=beat)
+    try:
+        pid = learners.get(learners.call("pid"), timeout=60)[0]
+        engines.get(engines.call("node_info"), timeout=60)
+        sync = WeightSync()
+        sync.setup(learners, engines)
+        with pytest.raises(ClusterError, match=r"^learner worker 0: no heartbeat for ") as e:
+            sync.push(1)
+        assert e.value.role == "learner" and e.value.hung
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (OSError, NameError):
+            pass
+        learners.kill()
+        engines.kill()

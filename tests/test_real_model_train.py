@@ -26,7 +26,7 @@ def test_train_two_steps_on_the_packaged_model_through_the_cli(smollm2_dir, tmp_
     cmd = [sys.executable, "-m", "grpo_dist.cli", "train", "--config", str(ROOT / "configs" / "smollm2_cpu.yaml"),
            "--trainer.steps", "2", "--rollout.prompts_per_step", "2", "--rollout.group_size", "4",
            "--rollout.max_tokens", "24", "--model.dtype", "float32",  # fp32: the agreement check below
-           "--data.eval_path", "null", "--trainer.eval_before_after", "false",
+           "--data.eval_path", "null", "--eval.extra", "{}", "--trainer.eval_before_after", "false",
            "--checkpoint.every", "0", "--logging.wandb_mode", "disabled", "--logging.progress", "false",
            "--output_dir", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)

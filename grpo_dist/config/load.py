@@ -45,9 +45,11 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` into ``base``, mappings key by key; an empty mapping replaces (``--eval.extra {}``
+    clears the sets a config file names)."""
     out = dict(base)
     for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
+        if isinstance(v, dict) and v and isinstance(out.get(k), dict):
             out[k] = _merge(out[k], v)
         else:
             out[k] = v

@@ -141,10 +141,12 @@ class Learner:
         self._ready()
         return self.io.export_update()
 
-    def publish_update(self) -> object:
-        """``export_update`` handed to ``sync.transport``; rank 0 returns the payload. Every rank calls it."""
+    def publish_update(self) -> tuple[int, object]:
+        """``export_update`` handed to ``sync.transport``: ``(version, payload)``, the payload
+        rank 0's (None on the others). Every rank calls it. The driver asks Ray for the two as two
+        return objects: it waits on the small one and hands the payload on unread."""
         self._ready()
-        return self.io.publish_update()
+        return self.version, self.io.publish_update()
 
     def save_adapter(self, out_dir: str | os.PathLike) -> None:
         """PEFT adapter dir (LoRA) or a full HF model dir + tokenizer; rank 0 writes. Every rank calls it."""

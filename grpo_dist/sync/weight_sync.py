@@ -64,8 +64,14 @@ class WeightSync:
 
     # -- the two halves ------------------------------------------------------------------------
     def _learner_half(self, version: int) -> Any:
-        """A Ray ref to the payload of the learner's current weights (every rank is called)."""
-        return self.learners.call("publish_update")[0]
+        """A Ray ref to the payload of the learner's current weights (every rank is called), made:
+        the engines' loads are sent only once it exists. A load sent before would wait for it inside
+        Ray, and every later call to that engine, its heartbeat too, would queue behind it: a
+        stopped learner would read as a silent engine, be replaced, and blamed again. Waited on
+        here, with the learners' heartbeats, a stopped learner is named."""
+        pairs = [a.publish_update.options(num_returns=2).remote() for a in self.learners.actors]
+        self.learners.get([version for version, _ in pairs])  # never the payload: it stays in the store
+        return pairs[0][1]
 
     def _engine_half(self, actor: Any, payload: Any) -> Any:
         return actor.load_update.remote(payload)
