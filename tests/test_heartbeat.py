@@ -193,3 +193,29 @@ def test_a_learner_stopped_while_it_publishes_is_named_not_the_engines_waiting_f
             pass
         learners.kill()
         engines.kill()
+
+
+def test_engine_processes_are_recorded_while_the_engine_starts():
+    """StartWatch: a child titled VLLM::... is recorded (for the heartbeat) as soon as it appears,
+    before the start returns; another child is not; once killed it is reported lost."""
+    from grpo_dist.util.proc_health import StartWatch
+
+    class Owner:
+        engine_pids: dict = {}
+
+    owner = Owner()
+    code = "import setproctitle, sys, time; setproctitle.setproctitle(sys.argv[1]); time.sleep(120)"
+    kids = [subprocess.Popen([sys.executable, "-c", code, title]) for title in ("VLLM::EngineCore", "g++ helper")]
+    try:
+        with StartWatch(owner, every=0.1) as watch:
+            deadline = time.monotonic() + 20
+            while kids[0].pid not in owner.engine_pids and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert list(owner.engine_pids) == [kids[0].pid] and watch.lost() == []
+            os.kill(kids[0].pid, signal.SIGKILL)
+            kids[0].wait()
+            assert watch.lost() == [(kids[0].pid, owner.engine_pids[kids[0].pid], "gone")]
+    finally:
+        for k in kids:
+            k.kill()
+            k.wait()

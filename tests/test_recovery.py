@@ -60,3 +60,42 @@ def test_a_hung_worker_is_replaced_like_a_dead_one():
     with pytest.raises(ClusterError, match="no answer within 20 s .*used up") as e:
         rec.handle(ClusterError("rollout worker 1: no answer within 20 s", "rollout", 1, hung=True))
     assert e.value.hung and not e.value.dead
+
+
+class FailsToStart(Recording):
+    """The first ``n`` replacements die while they start (their engine process killed)."""
+
+    def __init__(self, max_restarts: int, n: int, hung: bool = False):
+        super().__init__(max_restarts)
+        self.n, self.hung = n, hung
+
+    def replace(self, role: str, rank: int) -> None:
+        super().replace(role, rank)
+        if len(self.replaced) <= self.n:
+            raise ClusterError(f"{role} worker {rank}: engine process VLLM::EngineCore (pid 9) gone", role, rank,
+                               dead=not self.hung, hung=self.hung)
+
+
+@pytest.mark.parametrize("hung", [False, True])
+def test_a_replacement_that_dies_while_it_starts_is_replaced_again_within_the_budget(hung):
+    rec = FailsToStart(max_restarts=3, n=1, hung=hung)
+    rec.handle(ClusterError("rollout worker 0 died: RayActorError", "rollout", 0, dead=True))
+    assert rec.replaced == [("rollout", 0), ("rollout", 0)] and rec.restarts == 2
+    rec = FailsToStart(max_restarts=2, n=5, hung=hung)
+    with pytest.raises(ClusterError, match=r"engine process .* gone \(cluster.max_restarts=2 replacements used up\)$"):
+        rec.handle(ClusterError("rollout worker 0 died: RayActorError", "rollout", 0, dead=True))
+    assert rec.restarts == 2
+
+
+def test_a_replacement_that_raises_while_it_starts_stops_the_run():
+    """A start that fails on its own (a bug, a config the engine refuses) is not retried."""
+
+    class Raises(Recording):
+        def replace(self, role, rank):
+            super().replace(role, rank)
+            raise ClusterError(f"{role} worker {rank} failed: ValueError: no room for the KV cache", role, rank)
+
+    rec = Raises(max_restarts=5)
+    with pytest.raises(ClusterError, match="no room for the KV cache$"):
+        rec.handle(ClusterError("rollout worker 0 died: RayActorError", "rollout", 0, dead=True))
+    assert rec.restarts == 1

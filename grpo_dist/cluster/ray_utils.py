@@ -273,7 +273,7 @@ class _Heartbeats:
         """A call of ``rank`` raised: if its engine process is gone or stopped (or vLLM says its
         engine is dead), raise that instead (the actor is replaced, not reported as a bug)."""
         g = self.group
-        if cause.__class__.__name__ == "EngineDeadError":
+        if cause.__class__.__name__ in ("EngineDeadError", "EngineProcessLost"):
             raise ClusterError(f"{g.role} worker {rank}: engine dead: {cause}", g.role, rank, dead=True)
         try:
             beat = ray.get(g.actors[rank].heartbeat.remote(), timeout=10)

@@ -44,16 +44,23 @@ class Recovery:
                 self.handle(e)
 
     def handle(self, e: ClusterError) -> None:
-        """Replace the dead actor ``e`` names, or re-raise ``e`` when that is not possible."""
+        """Replace the dead actor ``e`` names, or re-raise ``e`` when that is not possible. A
+        replacement that dies or hangs while it starts (its engine process killed or stopped) is
+        replaced again, within the same budget."""
         limit = self.cfg.cluster.max_restarts
-        if not (e.dead or e.hung) or e.role not in REPLACEABLE or e.rank is None or e.interrupted:
-            raise e
-        if self.restarts >= limit:
-            raise ClusterError(f"{e} (cluster.max_restarts={limit} replacements used up)",
-                               e.role, e.rank, dead=e.dead, hung=e.hung) from e
-        self.restarts += 1
-        log.warning("%s -- replacing it (restart %d of %d) and re-issuing its work", e, self.restarts, limit)
-        self.replace(e.role, e.rank)
+        while True:
+            if not (e.dead or e.hung) or e.role not in REPLACEABLE or e.rank is None or e.interrupted:
+                raise e
+            if self.restarts >= limit:
+                raise ClusterError(f"{e} (cluster.max_restarts={limit} replacements used up)",
+                                   e.role, e.rank, dead=e.dead, hung=e.hung) from e
+            self.restarts += 1
+            log.warning("%s -- replacing it (restart %d of %d) and re-issuing its work", e, self.restarts, limit)
+            try:
+                self.replace(e.role, e.rank)
+                return
+            except ClusterError as again:
+                e = again
 
     def _engine_place(self, rank: int) -> tuple[int, int, int]:
         """Rollout engine ``rank``'s (engines on its node, its index there, learner ranks there),

@@ -22,7 +22,7 @@ from grpo_dist.rollout.weight_group import WeightGroupMember, weight_group_engin
 from grpo_dist.sync import AdapterStore, make_transport
 from grpo_dist.sync.merge import LoraMerger, read_adapter_dir
 from grpo_dist.types import AdapterUpdate, Rollout, RolloutGroup
-from grpo_dist.util.proc_health import descendants
+from grpo_dist.util.proc_health import EngineProcessLost, StartWatch, descendants
 
 log = logging.getLogger("grpo_dist.rollout")
 
@@ -79,7 +79,16 @@ class RolloutWorker(WeightGroupMember):
             os.environ[BIND_ENV] = bind  # read by the engine process started below
         t0 = time.perf_counter()
         seed = self.cfg.rollout.seed if self.cfg.rollout.seed is not None else self.cfg.trainer.seed
-        self.engine = self._make_engine(seed + 1000 * self.rank)
+        with StartWatch(self) as watch:  # a heartbeat during the start sees the engine's processes
+            try:
+                self.engine = self._make_engine(seed + 1000 * self.rank)
+            except Exception as e:
+                lost = watch.lost()
+                if lost:  # killed or exited under it: not a bug of the config, the actor is replaced
+                    what = ", ".join(f"{name} (pid {pid}) {state}" for pid, name, state in lost)
+                    raise EngineProcessLost(f"engine process {what} while the engine started: "
+                                            f"{e.__class__.__name__}: {e}") from e
+                raise
         # the processes the engine started (none in process): the heartbeat reports them stopped or gone
         self.engine_pids = descendants()
         mode, _ = adapter_mode(self.cfg)

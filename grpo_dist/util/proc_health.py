@@ -48,3 +48,52 @@ def problems(watched: dict[int, str]) -> list[tuple[int, str, str]]:
         elif status in _GONE:
             bad.append((pid, name, "exited"))
     return bad
+
+
+class EngineProcessLost(RuntimeError):
+    """An engine failed to start because one of its processes was stopped, killed or exited (the
+    driver replaces the actor, as for an engine that dies later, rather than stopping the run)."""
+
+
+ENGINE_PREFIX = "VLLM::"  # the titles vLLM gives its engine core and workers (psutil's name: the first 15 chars)
+
+
+class StartWatch:
+    """While an engine starts: every ``every`` s, the processes below this one named ``VLLM::...``
+    are recorded into ``owner.engine_pids`` (a new dict each time: the heartbeat thread reads it),
+    so a heartbeat during the start reports one stopped or gone -- a start waiting on a stopped
+    worker would otherwise wait out the whole start timeout. Children that are not the engine's (a
+    compiler inductor spawns) are never recorded. Use as a context manager around the start. A
+    process killed within ``every`` s of taking its title is never seen: that start fails as a bug
+    would (the run stops with its error)."""
+
+    def __init__(self, owner, every: float = 0.1, prefix: str = ENGINE_PREFIX):
+        import threading
+
+        self.owner, self.every, self.prefix = owner, every, prefix
+        self.seen: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-start-watch", daemon=True)
+
+    def _look(self) -> None:
+        new = {pid: name for pid, name in descendants().items() if name.startswith(self.prefix) and pid not in self.seen}
+        if new:
+            self.seen = {**self.seen, **new}
+            self.owner.engine_pids = dict(self.seen)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self._look()
+
+    def lost(self) -> list[tuple[int, str, str]]:
+        """The recorded engine processes now stopped, exited or gone."""
+        self._look()
+        return problems(self.seen)
+
+    def __enter__(self) -> "StartWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
