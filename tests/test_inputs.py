@@ -8,7 +8,7 @@ from pathlib import Path
 
 from grpo_dist.config import load_config
 from grpo_dist.run.inputs import resolve_inputs
-from grpo_dist.run.outputs import SUBMIT_DIR_ENV
+from grpo_dist.util.paths import SUBMIT_DIR_ENV
 
 JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 

@@ -271,7 +271,7 @@ def test_job_submitted_to_the_cluster_writes_every_output_to_the_requested_dir(c
     path: tests/test_outputs.py)."""
     import sys
 
-    from grpo_dist.run.outputs import SUBMIT_DIR_ENV
+    from grpo_dist.util.paths import SUBMIT_DIR_ENV
 
     # Simulation artefact: every "node" here shares one session dir, so each node's runtime-env agent
     # unpacks the job's working_dir into the same path and replaces the driver's cwd under it

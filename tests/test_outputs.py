@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from grpo_dist.config import ConfigError, load_config
-from grpo_dist.run.outputs import SUBMIT_DIR_ENV, resolve_outputs, resume_command
+from grpo_dist.run.outputs import resolve_outputs, resume_command
+from grpo_dist.util.paths import SUBMIT_DIR_ENV
 
 JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in a submitted job's driver
 
@@ -166,3 +167,26 @@ def test_the_console_eta_is_capped_by_max_minutes(monkeypatch, capsys):
         clock[0] += 60.0
         m.log({"train/loss": 0.0, "timing/step": 60.0}, 1)  # one 60 s step of 10: 9 left
         assert capsys.readouterr().out.rstrip().endswith(want), budget
+
+
+def test_full_weights_on_a_shared_dir_check_output_dir_where_the_run_resolves_it(tmp_path, monkeypatch):
+    """In a Ray job the cwd is Ray's copy of the working dir: a relative output_dir is checked
+    against the submitter's directory, as the run resolves it, not against that copy."""
+    shared = tmp_path / "shared"
+    job_cwd = tmp_path / "runtime_resources" / "working_dir"
+    job_cwd.mkdir(parents=True)
+    shared.mkdir()
+    over = {"lora": {"enabled": False}, "cluster": {"shared_dir": str(shared)}, "output_dir": "runs/x"}
+    monkeypatch.chdir(job_cwd)
+    monkeypatch.setenv(JOB_ENV, "{}")
+    monkeypatch.setenv(SUBMIT_DIR_ENV, str(shared / "me"))
+    cfg = load_config(None, over)  # inside shared/ once resolved: accepted
+    assert resolve_outputs(cfg, write=False).output_dir == str(shared / "me" / "runs" / "x")
+    monkeypatch.setenv(SUBMIT_DIR_ENV, str(tmp_path / "home"))
+    with pytest.raises(ConfigError, match=r"^output_dir: full-weight training with cluster.shared_dir"):
+        load_config(None, over)
+    monkeypatch.delenv(JOB_ENV)
+    monkeypatch.chdir(shared)  # outside a job: against the cwd; `..` normalised
+    load_config(None, over)
+    with pytest.raises(ConfigError, match=r"^output_dir: full-weight"):
+        load_config(None, dict(over, output_dir="../elsewhere"))

@@ -3,6 +3,7 @@ depend on the devices (never on this machine's: the driver may run on a CPU-only
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import Field, model_validator
@@ -160,7 +161,14 @@ class Config(Section):
 
 
 def _inside(path: str, parent: str) -> bool:
-    p, q = Path(path).absolute(), Path(parent).absolute()
+    """``path``, resolved as the run will (against the submitter's directory in a Ray job), lies in
+    ``parent``; true when it cannot be resolved here (the run's resolution names that problem)."""
+    from grpo_dist.util.paths import user_path
+
+    p, q = user_path(path), user_path(parent)
+    if p is None or q is None:
+        return True
+    p, q = Path(os.path.normpath(p)), Path(os.path.normpath(q))
     return p == q or q in p.parents
 
 

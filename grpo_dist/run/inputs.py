@@ -7,19 +7,10 @@ model would be generated again there on every submission).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from grpo_dist.config import Config
-from grpo_dist.run.outputs import SUBMIT_DIR_ENV, in_ray_job
-
-
-def _base() -> Path | None:
-    """The directory relative inputs are read from (None: a Ray job without the submitter's dir)."""
-    if in_ray_job():
-        base = os.environ.get(SUBMIT_DIR_ENV)
-        return Path(base) if base else None
-    return Path.cwd()
+from grpo_dist.util.paths import user_base
 
 
 def resolve_inputs(cfg: Config) -> Config:
@@ -28,7 +19,7 @@ def resolve_inputs(cfg: Config) -> Config:
     ``builtin:``/``hf:`` source or a missing file stays as given: the pre-flight names it)."""
     from grpo_dist.hub import is_hub_id
 
-    base = _base()
+    base = user_base()
     if base is None:
         return cfg
     cfg = cfg.model_copy(deep=True)

@@ -8,34 +8,21 @@ whatever node each actor ran on.
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from pathlib import Path
 from typing import Any
 
 from grpo_dist.config import Config, ConfigError, dump_config
+from grpo_dist.util.paths import user_path
 
 RUN_FILE = "run.json"
-SUBMIT_DIR_ENV = "GRPO_DIST_SUBMIT_DIR"  # set by launch/submit_job.sh: the submitter's directory
-
-
-def in_ray_job() -> bool:
-    """True in the driver of a `ray job submit` (its cwd is Ray's temporary copy of the working dir)."""
-    return "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ or "/runtime_resources/" in str(Path.cwd())
-
-
 def _absolute(path: str, key: str) -> str:
-    p = Path(path).expanduser()
-    if p.is_absolute():
-        return str(p)
-    if in_ray_job():
-        base = os.environ.get(SUBMIT_DIR_ENV)
-        if not base:
-            raise ConfigError(f"{key}: the relative path {path!r} would land in Ray's temporary copy of the working "
-                              f"dir on the job's node and be lost; give an absolute path (launch/submit_job.sh "
-                              f"resolves relative paths against your directory)")
-        return str(Path(base) / p)
-    return str(Path.cwd() / p)
+    p = user_path(path)
+    if p is None:
+        raise ConfigError(f"{key}: the relative path {path!r} would land in Ray's temporary copy of the working "
+                          f"dir on the job's node and be lost; give an absolute path (launch/submit_job.sh "
+                          f"resolves relative paths against your directory)")
+    return str(p)
 
 
 def resolve_outputs(cfg: Config, write: bool = True) -> Config:
