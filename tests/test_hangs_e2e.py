@@ -152,7 +152,8 @@ def test_killed_and_stopped_engine_processes_outside_the_actor(pretrained_model_
     by the heartbeat, an engine process gone, or by vLLM's own error); then, while each replacement's
     engine is still starting, SIGKILL its engine core (the start fails: the engine process lost, the
     actor replaced again) and SIGSTOP the next one's worker (the start would wait forever: the
-    heartbeat reports the worker stopped). 3 replacements, 0 groups lost."""
+    heartbeat reports the worker stopped); then SIGKILL the engine core between steps. 4
+    replacements, 0 groups lost."""
     out, steps = tmp_path / "run", 20  # the last two faults land while engines start: no steps pass meanwhile
     driver = start(pretrained_model_dir, out, "--trainer.steps", str(steps), "--rollout.engine_in_process", "false")
     try:
@@ -173,16 +174,18 @@ def test_killed_and_stopped_engine_processes_outside_the_actor(pretrained_model_
             starting.append(time.monotonic() - t0)
             print(f"\nHANG-TABLE | {signal.Signals(sig).name} {title} of a starting replacement | "
                   f"replacement logged after {starting[-1]:.0f} s")
+        # and between steps, on the third replacement once it has trained a step
+        idle = hit(driver, out, len(steps_done(out)) + 1, "VLLM::EngineCore", signal.SIGKILL)
         rc, text = finish(driver, out)
     finally:
         if driver.poll() is None:
             driver.kill()
     assert rc == 0, text[-4000:]
-    assert mid < 30 and all(t < TIMEOUT for t in starting), (mid, starting)
+    assert mid < 30 and idle < 30 and all(t < TIMEOUT for t in starting), (mid, idle, starting)
     # found by the heartbeat ("engine process ... gone") or by vLLM's own error ("engine dead"), whichever first
-    assert "engine process" in text and "replacing it (restart 3 of 5)" in text
-    assert "while the engine started" in text or "VLLM::Worker" in text
-    check_no_group_lost(out, steps, 3)
+    assert "engine process" in text and "replacing it (restart 4 of 5)" in text
+    assert "while the engine started" in text and "VLLM::Worker (pid" in text
+    check_no_group_lost(out, steps, 4)
 
 
 def test_ctrl_c_during_a_hang_stops_with_the_last_checkpoint(pretrained_model_dir, tmp_path):
