@@ -268,3 +268,47 @@ def _jsonl(tmp_path, rows):
     p = tmp_path / "rows.jsonl"
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return p
+
+
+QWEN3 = (Path(__file__).parent / "data" / "qwen3_chat_template.jinja").read_text()  # Qwen3's own chat template
+
+
+def test_qwen3_with_thinking_trains_multi_turn_through_its_training_template():
+    """Qwen3's template rewrites history (it drops the reasoning of turns before the last user
+    query, and adds an empty reasoning block to the last turn only): the start-up check passes with
+    its training template, whose opening is the model's own; a thinking conversation built token
+    in, token out (calculator calls, a follow-up question) is exactly its rendering, while Qwen3's
+    own rendering of the same conversation has lost the earlier turns' reasoning."""
+    from grpo_dist.envs.chat import _problem, encode_opening, template_for
+
+    tok = make_bpe_tokenizer()
+    tok.chat_template = QWEN3
+    assert "not prefix-preserving" in _problem(tok, None)
+    shipped = Path(__file__).parents[1] / "grpo_dist" / "envs" / "templates" / "qwen3_training.jinja"
+    assert template_for(tok) == shipped.read_text()
+    check_template(tok)
+    MessageEncoder(tok)  # the rollout worker's encoder accepts it too
+    env = CalculatorEnv(system_prompt="Use the calculator.")
+    opening = env.reset(PromptRecord(0, "What is 12*7+5?", {"answer": "89"}))
+    ids = encode_opening(tok, opening, env.tools, env.parser)
+    own, _ = opening_messages(tok, opening, env.tools, env.parser)
+    assert tok.decode(ids) == render(tok, own, True, env.tools, template=None)  # turn one as served
+    call = '<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{}"}}}}\n</tool_call>'
+    turns = [(f"<think>\nFirst 12*7.\n</think>\n\n{call.format('12*7')}", [{"role": "tool", "content": "84"}]),
+             (f"<think>\nThen add 5.\n</think>\n\n{call.format('84+5')}", [{"role": "tool", "content": "89"}]),
+             ("<think>\nDone.\n</think>\n\nThe answer is 89.", [{"role": "user", "content": "And doubled?"}]),
+             ("<think>\n89*2 is 178.\n</think>\n\n178", [])]
+    enc, built, msgs = MessageEncoder(tok), list(ids), list(own)
+    for text, reply in turns:
+        sampled = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        built += sampled + enc(reply, sampled[-1])
+        msgs += [{"role": "assistant", "content": text}] + reply
+    full = render(tok, msgs, tools=env.tools)
+    assert full.startswith(tok.decode(built)) and full[len(tok.decode(built)):] == "\n"
+    assert tok(full, add_special_tokens=False)["input_ids"][:len(built)] == built
+    served = render(tok, msgs, tools=env.tools, template=None)
+    assert "First 12*7." in full and "First 12*7." not in served and "89*2 is 178." in served
+    # a template of a family without a training template is refused, saying what to do
+    tok.chat_template = REASONING_STRIPPING
+    with pytest.raises(TemplateError, match="training templates for qwen3 .*tokenizer_config.json$"):
+        check_template(tok)

@@ -11,14 +11,23 @@ A trajectory is never re-rendered. Its pieces are:
 
 That concatenation equals the template's rendering of the whole conversation only if the
 template is *prefix-preserving* (rendering one more message never changes how the earlier ones
-render). :func:`check_template` checks this at start-up and raises :class:`TemplateError`
-naming the problem (e.g. a template that drops earlier turns' reasoning blocks, or refuses a
-role). :func:`first_difference` compares built ids with a full re-render (``rollout.env_sanity``).
+render). Templates that rewrite history (Qwen3's drops earlier turns' reasoning and the empty
+reasoning block of the last turn) get a *training template* of their family
+(``envs/templates/``, :data:`TRAINING_TEMPLATES`): the same opening, messages and generation
+prompt, every assistant turn kept as sampled. It is used for every rendering here
+(:func:`template_for`) when the model's own template is not prefix-preserving and the training
+template renders the opening exactly as the model's does. :func:`check_template` checks the
+template in use at start-up and raises :class:`TemplateError` naming the problem and what to do.
+:func:`first_difference` compares built ids with a full re-render (``rollout.env_sanity``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+log = logging.getLogger("grpo_dist.envs")
 
 _BASE = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
 # a probe conversation: every role a trajectory may hold, an assistant turn with a reasoning block
@@ -36,39 +45,103 @@ def has_template(tok: Any) -> bool:
     return bool(getattr(tok, "chat_template", None))
 
 
-def render(tok: Any, messages: list[dict[str, Any]], generation_prompt: bool = False, tools=None) -> str:
-    kw = {"tools": tools} if tools else {}
+def _qwen3(source: str) -> bool:
+    return all(x in source for x in ("<|im_start|>", "reasoning_content", "last_query_index", "<tool_response>"))
+
+
+# family -> (does a model's chat template belong to it, its training template's file in envs/templates/)
+TRAINING_TEMPLATES: dict[str, tuple[Callable[[str], bool], str]] = {"qwen3": (_qwen3, "qwen3_training.jinja")}
+_CHOSEN: dict[tuple[int, str], tuple[Any, Optional[str]]] = {}  # (id(tokenizer), its template) -> (it, template used)
+
+
+def template_for(tok: Any) -> Optional[str]:
+    """The chat template multi-turn renders with: None for the tokenizer's own (prefix-preserving,
+    or no training template fits), else its family's training template (decided once per tokenizer)."""
+    key = (id(tok), str(getattr(tok, "chat_template", None)))
+    hit = _CHOSEN.get(key)
+    if hit is not None and hit[0] is tok:
+        return hit[1]
+    chosen = None
+    if has_template(tok) and _problem(tok, None) is not None:
+        for family, (belongs, name) in TRAINING_TEMPLATES.items():
+            if not belongs(tok.chat_template):
+                continue
+            text = (Path(__file__).parent / "templates" / name).read_text()
+            if _problem(tok, text) is None and _same_opening(tok, text):
+                log.info("the model's chat template rewrites earlier turns; multi-turn renders with the %s "
+                         "training template (envs/templates/%s: every turn kept as sampled)", family, name)
+                chosen = text
+                break
+    _CHOSEN[key] = (tok, chosen)
+    return chosen
+
+
+def render(tok: Any, messages: list[dict[str, Any]], generation_prompt: bool = False, tools=None,
+           template: Optional[str] | bool = True) -> str:
+    """The chat template's text for ``messages``; ``template``: True = the one multi-turn uses
+    (:func:`template_for`), None = the tokenizer's own, or a template's source."""
+    kw: dict[str, Any] = {"tools": tools} if tools else {}
+    chosen = template_for(tok) if template is True else template
+    if chosen:
+        kw["chat_template"] = chosen
     return tok.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt, **kw)
 
 
-def check_template(tok: Any, roles: tuple[str, ...] = ("user", "tool")) -> None:
-    """Raise TemplateError unless ``tok``'s chat template renders every prefix of a probe
-    conversation (system, user, assistant with a reasoning block, tool, ...) as a prefix of the
-    longer one, and the generation prompt as the start of the assistant turn that follows."""
-    if not has_template(tok):
-        return  # plain text: messages are appended as their contents
+def _same_opening(tok: Any, template: str) -> bool:
+    """``template`` renders an opening (with and without a system message and tools, generation
+    prompt on) exactly as the tokenizer's own does: turn one is what the model would see served."""
+    tools = [{"type": "function", "function": {"name": "probe", "description": "d.",
+                                                 "parameters": {"type": "object", "properties": {}}}}]
+    for msgs in (_PROBE[1:2], _PROBE[:2]):
+        for t in (None, tools):
+            try:
+                if render(tok, msgs, True, t, template=None) != render(tok, msgs, True, t, template=template):
+                    return False
+            except Exception:  # noqa: BLE001
+                return False
+    return True
+
+
+def _problem(tok: Any, template: Optional[str], roles: tuple[str, ...] = ("user", "tool")) -> Optional[str]:
+    """Why ``template`` (None: the tokenizer's own) cannot give exact tokens across turns: unless
+    it renders every prefix of a probe conversation (system, user, assistant with a reasoning
+    block, tool, ...) as a prefix of the longer one, and the generation prompt as the start of the
+    assistant turn that follows. None if it can."""
     probe = [m for m in _PROBE if m["role"] in ("system", "assistant") or m["role"] in roles]
     for k in range(1, len(probe)):
         try:
-            shorter, longer = render(tok, probe[:k]), render(tok, probe[:k + 1])
+            shorter, longer = render(tok, probe[:k], template=template), render(tok, probe[:k + 1], template=template)
         except Exception as e:  # noqa: BLE001 - jinja raise_exception, TemplateError, ...
-            raise TemplateError(f"the chat template cannot render a {probe[k]['role']!r} message after "
-                                f"{[m['role'] for m in probe[:k]]}: {type(e).__name__}: {e}") from None
+            return (f"the chat template cannot render a {probe[k]['role']!r} message after "
+                    f"{[m['role'] for m in probe[:k]]}: {type(e).__name__}: {e}")
         if not longer.startswith(shorter):
             at = _diverge(shorter, longer)
-            raise TemplateError(
-                f"the chat template is not prefix-preserving: adding a {probe[k]['role']!r} message after "
-                f"{[m['role'] for m in probe[:k]]} re-renders the earlier messages (first difference at char {at}: "
-                f"{shorter[at:at + 40]!r} becomes {longer[at:at + 40]!r}; e.g. a template that drops earlier "
-                f"turns' reasoning blocks); multi-turn trajectories need a template that never rewrites earlier turns")
+            return (f"the chat template is not prefix-preserving: adding a {probe[k]['role']!r} message after "
+                    f"{[m['role'] for m in probe[:k]]} re-renders the earlier messages (first difference at char {at}: "
+                    f"{shorter[at:at + 40]!r} becomes {longer[at:at + 40]!r}; e.g. a template that drops earlier "
+                    f"turns' reasoning blocks)")
         if probe[k]["role"] == "assistant":
-            prompt = render(tok, probe[:k], generation_prompt=True)
+            prompt = render(tok, probe[:k], generation_prompt=True, template=template)
             if not longer.startswith(prompt):
                 at = _diverge(prompt, longer)
-                raise TemplateError(
-                    f"the chat template's generation prompt is not the start of the assistant turn it announces "
-                    f"(after {[m['role'] for m in probe[:k]]}, char {at}: {prompt[at:at + 40]!r} vs "
-                    f"{longer[at:at + 40]!r})")
+                return (f"the chat template's generation prompt is not the start of the assistant turn it announces "
+                        f"(after {[m['role'] for m in probe[:k]]}, char {at}: {prompt[at:at + 40]!r} vs "
+                        f"{longer[at:at + 40]!r})")
+    return None
+
+
+def check_template(tok: Any, roles: tuple[str, ...] = ("user", "tool")) -> None:
+    """Raise TemplateError unless the template multi-turn renders with (:func:`template_for`) gives
+    exact tokens across turns (:func:`_problem`), saying what to do."""
+    if not has_template(tok):
+        return  # plain text: messages are appended as their contents
+    problem = _problem(tok, template_for(tok), roles)
+    if problem is not None:
+        families = ", ".join(TRAINING_TEMPLATES)
+        raise TemplateError(f"{problem}; multi-turn trajectories need a template that never rewrites earlier "
+                            f"turns: grpo_dist brings training templates for {families} (grpo_dist/envs/templates/); "
+                            f"for another family, set a prefix-preserving chat_template in the model's "
+                            f"tokenizer_config.json")
 
 
 def _diverge(a: str, b: str) -> int:
