@@ -8,9 +8,10 @@ with launch/submit_job.sh from the operator's machine outside the hosts.
 
 Full-weight training (two learner ranks on two hosts: DeepSpeed over gloo on TCP between their
 addresses) with `sync.transport: collective` (learner rank 0 on host 1 broadcasts to the engines
-on host 3). The outputs live in the hosts' shared directory (`cluster.shared_dir`). Then a host
-whose mount of that directory is missing (a private, empty directory in its place): the run is
-refused at start with one line.
+on host 3). The outputs live in the hosts' shared directory (`cluster.shared_dir`). Then all of
+host 2's processes killed mid-run (learner rank 1): the run stops with one line and the resume
+command; and a host whose mount of that directory is missing (a private, empty directory in its
+place): the run is refused at start with one line.
 """
 
 from __future__ import annotations
@@ -69,9 +70,9 @@ def test_tiny_config_runs_with_learner_ranks_on_two_hosts_and_engines_on_a_third
                                                                                    pretrained_model_dir):
     op = _operator_dir(hosts, pretrained_model_dir)
     t0 = time.monotonic()
-    # absolute: the config check of full weights + shared_dir reads output_dir before a relative one
-    # is resolved against the submitter's directory (a relative one inside shared_dir is refused)
-    r = cluster.submit(op, *_args(hosts, str(op / "runs/job"), 2))
+    # relative, as a user types it: resolved against the submitter's directory (inside shared_dir),
+    # also by the config's check that full weights write their checkpoints there
+    r = cluster.submit(op, *_args(hosts, "runs/job", 2))
     took = time.monotonic() - t0
     print(f"submit_job.sh: exit {r.returncode} after {took:.0f} s")
     out = op / "runs" / "job"
@@ -93,6 +94,38 @@ def test_tiny_config_runs_with_learner_ranks_on_two_hosts_and_engines_on_a_third
         if rec.WhichOneof("record_type") == "summary":
             wb.update({it.key or "/".join(it.nested_key): json.loads(it.value_json) for it in rec.summary.update})
     assert wb.get("hosts/learner", "").split() == summary["hosts"]["learner"], sorted(wb)
+
+
+def test_a_learner_host_killed_mid_run_stops_with_one_line_and_the_resume_command(hosts, cluster,
+                                                                                  pretrained_model_dir):
+    """All of host 2's processes (learner rank 1) killed after step 2: DeepSpeed's process group
+    cannot take a newcomer, so the run stops with one line naming the rank, the last checkpoint
+    and the resume command, within a bound."""
+    import threading
+
+    op = _operator_dir(hosts, pretrained_model_dir)
+    out, done = op / "runs" / "killed", {}
+    job = threading.Thread(target=lambda: done.update(r=cluster.submit(op, *_args(hosts, "runs/killed", 40))))
+    job.start()
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline and job.is_alive():
+        f = out / "metrics.jsonl"
+        if f.exists() and len(f.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.5)
+    assert job.is_alive(), done.get("r") and done["r"].stdout[-3000:]
+    assert hosts.script("kill", "2").returncode == 0
+    t0 = time.monotonic()
+    job.join(600)
+    took, r = time.monotonic() - t0, done["r"]
+    steps = len((out / "metrics.jsonl").read_text().splitlines())
+    lines = sorted({ln.strip() for ln in (r.stdout + r.stderr).splitlines() if ln.strip().startswith("error: ")})
+    print(f"host 2 killed after step 2: the job ended {took:.0f} s later, after step {steps}: {lines}")
+    assert r.returncode != 0 and took < 180, (took, r.stdout[-3000:])
+    assert len(lines) == 1 and lines[0].startswith("error: learner worker 1"), lines
+    assert f"the last checkpoint is {out / 'checkpoints'}" in lines[0], lines[0]
+    assert lines[0].endswith(f"resume with: grpo-dist train --config {out / 'config.yaml'} --checkpoint.resume auto")
+    assert steps < 40
 
 
 def test_a_host_without_the_shared_mount_is_refused_at_start_in_one_line(hosts, cluster, pretrained_model_dir):
