@@ -1,6 +1,8 @@
 """What a user reads, through the CLI and a pipe (not a terminal): quiet by default (the actors'
 vLLM/Ray/DeepSpeed output in <output_dir>/workers.log), no ANSI colour codes, no line printed twice;
-a resumed run's summary covers the whole run (wall time, every W&B segment); the adapter names its
+one run per output_dir (a second run into a live run's directory exits 2 with one line; a lock
+left by a dead run is taken over with a warning); a resumed run's summary covers the whole run
+(wall time, every W&B segment); the adapter names its
 base by an absolute path; `grpo-dist eval` prints a table and writes the JSON to a file;
 `grpo-dist doctor` prints one PASS/FAIL line per check and finds the DeepSpeed op in the user's
 cache from any directory.
@@ -12,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -19,6 +22,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
+from grpo_dist.run.lock import LOCK_FILE
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,11 +57,33 @@ def test_train_resume_and_eval_as_a_user_reads_them(pretrained_model_dir, tmp_pa
     (proj / "models").mkdir(parents=True)
     (proj / "models" / "base").symlink_to(pretrained_model_dir)
     cfg = str(ROOT / "configs" / "tiny_cpu.yaml")
-    rc, out, took = _cli(["train", "--config", cfg, "--model.path", "models/base", "--output_dir", "runs/x",
-                          "--trainer.steps", "2", *SMALL], proj)
-    assert rc == 0, out[-3000:]
-    lines = _read_as_a_user(out)
+    args = ["train", "--config", cfg, "--model.path", "models/base", "--output_dir", "runs/x", "--trainer.steps", "2",
+            *SMALL]
     run = proj / "runs" / "x"
+    t0 = time.monotonic()
+    first = subprocess.Popen([sys.executable, "-m", "grpo_dist.cli", *args], cwd=proj, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        # one run per output_dir: a second run into the live run's directory exits 2 with one line
+        while not (run / LOCK_FILE).exists() and first.poll() is None and time.monotonic() - t0 < 300:
+            time.sleep(0.2)
+        assert (run / LOCK_FILE).exists(), "the first run never took the lock"
+        rc, out, took = _cli(args, proj, timeout=300)
+        assert first.poll() is None, "the first run must still be running"
+        lines = [ln for ln in out.splitlines() if ln.strip()]
+        assert rc == 2 and len(lines) == 1 and re.fullmatch(
+            rf"config error: output_dir: {run} is in use by another run \(pid {first.pid} on this host, started "
+            rf"\S+: .*grpo_dist\.cli train .*\); wait for it to end or stop it, or choose another output_dir",
+            lines[0]), out
+        print(f"\nbad input | output_dir in use by a live run | {lines[0]} | {took:.1f} s")
+        out, _ = first.communicate(timeout=1200)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    rc, took = first.returncode, time.monotonic() - t0
+    assert rc == 0, out[-3000:]
+    assert not (run / LOCK_FILE).exists()
+    lines = _read_as_a_user(out)
     # quiet: the actors' output (vLLM engine warnings among it) is in the log file, not here
     assert not [ln for ln in lines if re.match(r"\((RolloutActor|LearnerActor|RewardActor|raylet)", ln)], lines
     assert not [ln for ln in lines if "WARNING" in ln or "Warning" in ln], lines
@@ -70,10 +97,16 @@ def test_train_resume_and_eval_as_a_user_reads_them(pretrained_model_dir, tmp_pa
     adapter_cfg = json.loads((run / "adapter" / "adapter_config.json").read_text())
     assert adapter_cfg["base_model_name_or_path"] == str(proj / "models" / "base")  # absolute, as given
 
-    # resumed: one more step from the step-2 checkpoint
+    # resumed: one more step from the step-2 checkpoint, over a lock left by a run that died holding it
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (run / LOCK_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "started":
+                                             "2026-11-25T10:00:00", "command": "grpo-dist train --config x.yaml"}))
     rc, out, took = _cli(["train", "--config", str(run / "config.yaml"), "--checkpoint.resume", "auto",
                           "--trainer.steps", "3"], proj)
     assert rc == 0, out[-3000:]
+    assert f"warning: output_dir: taking over {run / LOCK_FILE} left by pid {dead.pid} on this host" in out
+    assert "resumed from step 2" in out and not (run / LOCK_FILE).exists()
     lines = _read_as_a_user(out)
     print(f"resumed segment: exit {rc}, {took:.0f} s, {len(lines)} lines:\n" + "\n".join(lines))
     summary = json.loads((run / "summary.json").read_text())

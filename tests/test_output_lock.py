@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -138,50 +137,6 @@ def test_the_lock_is_removed_when_the_body_raises(tmp_path):
 
 # ----------------------------------------------------------------------------- through the CLI
 
-def _train_args(model: Path, out: Path, steps: int) -> list[str]:
-    return [sys.executable, "-m", "grpo_dist.cli", "train", "--config", "configs/tiny_cpu.yaml",
-            "--model.path", str(model), "--model.make_if_missing", "null", "--output_dir", str(out),
-            "--rollout.backend", "hf", "--rollout.num_workers", "1", "--rollout.prompts_per_step", "2",
-            "--rollout.group_size", "4", "--trainer.eval_before_after", "false", "--trainer.steps", str(steps),
-            "--checkpoint.every", "1", "--logging.wandb_mode", "disabled", "--logging.progress", "false"]
 
-
-@pytest.mark.slow
-def test_a_second_run_into_a_live_runs_output_dir_exits_2_and_the_first_finishes(pretrained_model_dir, tmp_path):
-    """Today's bug: both exited 0 and mixed their files. Then a resume into the finished run's
-    directory, over a lock left by a dead run, takes the lock over with a warning."""
-    out = tmp_path / "run"
-    first = subprocess.Popen(_train_args(pretrained_model_dir, out, 3), cwd=ROOT, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not (out / LOCK_FILE).exists() and first.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert (out / LOCK_FILE).exists(), "the first run never took the lock"
-        t0 = time.perf_counter()
-        second = subprocess.run(_train_args(pretrained_model_dir, out, 3), cwd=ROOT, capture_output=True, text=True,
-                                timeout=120)
-        seconds = time.perf_counter() - t0
-        assert first.poll() is None, "the first run must still be running"
-        assert second.returncode == 2, second.stderr[-3000:]
-        lines = [ln for ln in second.stderr.splitlines() if ln.strip()]
-        assert len(lines) == 1 and re.fullmatch(
-            rf"config error: output_dir: {out} is in use by another run \(pid {first.pid} on this host, started \S+: "
-            rf".*grpo_dist\.cli train .*\); wait for it to end or stop it, or choose another output_dir", lines[0]), lines
-        assert seconds < 20, f"{seconds:.1f} s"
-        print(f"\nbad input | output_dir in use by a live run | {lines[0]} | {seconds:.1f} s")
-        stdout, stderr = first.communicate(timeout=600)
-    finally:
-        if first.poll() is None:
-            first.kill()
-    assert first.returncode == 0, stderr[-3000:]
-    assert not (out / LOCK_FILE).exists()
-    assert json.loads((out / "summary.json").read_text())["steps"] == 3
-
-    pid = json.loads(_write_lock(out).read_text())["pid"]  # a run that died holding it
-    r = subprocess.run(_train_args(pretrained_model_dir, out, 4) + ["--checkpoint.resume", "auto"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert f"warning: output_dir: taking over {out / LOCK_FILE} left by pid {pid} on this host" in r.stderr
-    assert "resumed from step 3" in r.stdout and not (out / LOCK_FILE).exists()
-    assert json.loads((out / "summary.json").read_text())["steps"] == 4
+# The CLI end to end (a second `grpo-dist train` into a live run's output_dir exits 2; a resume takes
+# a dead run's lock over with a warning): tests/test_console.py, on the run it already makes.
