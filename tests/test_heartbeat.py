@@ -219,3 +219,53 @@ def test_engine_processes_are_recorded_while_the_engine_starts():
         for k in kids:
             k.kill()
             k.wait()
+
+
+class Peer:
+    """A rank of a pretend process group: ``step`` waits for its peer (rank 1 sleeps, rank 0 raises
+    as gloo does when the peer's connection resets)."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def step(self, fail_after: float) -> int:
+        time.sleep(fail_after if self.rank == 0 else 60)
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error [10.0.0.2]:4015: Connection reset by peer")
+
+
+@pytest.mark.slow
+def test_a_rank_failing_on_a_lost_peer_names_the_peer(ray_cluster):
+    """Rank 1 unreachable (its process stopped, as a node whose link went down) while rank 0 waits on
+    it: rank 0 raises first, with a connection error naming only an address; the wait names rank
+    1. With rank 1 alive, rank 0's own error is reported."""
+    import ray
+
+    from grpo_dist.cluster.actors import Placed
+    from grpo_dist.cluster.placement import ActorSpec
+    from grpo_dist.cluster.ray_utils import ActorGroup, ClusterError
+
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False)
+
+    class Rank(Placed, Peer):
+        pass
+
+    g = ActorGroup.create("learner", Rank, [(0,), (1,)], spec=ActorSpec(num_cpus=0.1), heartbeat=(0.5, 30.0))
+    try:
+        pids = g.get(g.call("pid"), timeout=60)
+        with pytest.raises(ClusterError, match=r"^learner worker 0 failed: RuntimeError: \[gloo") as e:
+            g.get(g.call("step", 1.0))
+        assert e.value.rank == 0
+        # a node whose link is down: rank 1 neither answers nor is reported dead before rank 0 raises
+        refs = g.call("step", 3.0)
+        os.kill(pids[1], signal.SIGSTOP)
+        with pytest.raises(ClusterError, match=r"^learner worker 1: no heartbeat within 5 s "
+                                               r"\(learner worker 0 failed on it: RuntimeError: \[gloo") as e:
+            g.get(refs)
+        assert e.value.rank == 1 and e.value.hung
+        os.kill(pids[1], signal.SIGKILL)
+    finally:
+        g.kill()

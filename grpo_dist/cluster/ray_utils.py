@@ -40,6 +40,7 @@ class ClusterError(RuntimeError):
 
 
 POLL_S = 5.0  # longest single wait of ``ActorGroup.get``: a signal handler (Ctrl-C) runs between waits
+PEER_PROBE_S = 5.0  # after one rank raised: how long the others get to answer a heartbeat
 STOP_GRACE_S = 10.0  # after a stop request, a heartbeat silent this long stops the wait
 _stop_requested_at: list[Optional[float]] = [None]
 
@@ -196,6 +197,7 @@ class ActorGroup:
                 cause = e.cause if getattr(e, "cause", None) is not None else e
                 if beats is not None and rank is not None:
                     beats.after_error(rank, cause)  # raised because its engine process died: dead, not a bug
+                    self._peer_down(rank, refs, ranks, cause)  # raised because a peer of its collective is gone
                 raise ClusterError(f"{self.role} worker {_name(rank)} failed: {cause.__class__.__name__}: {cause}",
                                    self.role, rank) from e
             except RayError as e:  # e.g. an argument's object lost with its node: not this actor's fault
@@ -203,6 +205,28 @@ class ActorGroup:
                 raise ClusterError(f"{self.role} worker {_name(rank)}: {e.__class__.__name__}: "
                                    f"{str(e).splitlines()[0] if str(e) else ''}", self.role, rank) from e
         return ray.get(list(refs))
+
+    def _peer_down(self, rank: int, refs: list[Any], ranks: Optional[Sequence[int]], cause: BaseException) -> None:
+        """``rank`` raised: if another actor this wait covers is dead or silent, raise that instead
+        (ranks of a process group lose a peer with its node, and the survivors raise first with a
+        connection error naming only an address)."""
+        others = sorted({k for k in _ranks_of(refs, self.actors, ranks) if k is not None and k != rank}
+                        & set(range(len(self.actors))))
+        if not others:
+            return
+        beats = {k: self.actors[k].heartbeat.remote() for k in others}
+        done, _ = ray.wait(list(beats.values()), num_returns=len(beats), timeout=PEER_PROBE_S)
+        done_ids = {r.hex() for r in done}
+        failed = f"{self.role} worker {rank} failed on it: {cause.__class__.__name__}: {str(cause).splitlines()[0][:200]}"
+        for k, ref in beats.items():
+            if ref.hex() not in done_ids:
+                raise ClusterError(f"{self.role} worker {k}: no heartbeat within {PEER_PROBE_S:g} s ({failed})",
+                                   self.role, k, hung=True)
+            try:
+                ray.get(ref)
+            except RayError as e:
+                raise ClusterError(f"{self.role} worker {k} died: {e.__class__.__name__} ({failed})", self.role, k,
+                                   dead=True) from e
 
     def kill(self) -> None:
         for a in self.actors:
