@@ -269,3 +269,22 @@ def test_a_rank_failing_on_a_lost_peer_names_the_peer(ray_cluster):
         os.kill(pids[1], signal.SIGKILL)
     finally:
         g.kill()
+
+
+def test_an_engine_start_killed_by_a_signal_is_told_from_one_that_failed_on_its_own():
+    """vLLM's start error names each core process's exit code: negative (a signal: the OOM killer, a
+    user) means the engine is replaced; positive (it raised: a config it refuses) stops the run."""
+    from grpo_dist.util.proc_health import killed_by_signal
+
+    def failed(codes: str) -> RuntimeError:
+        try:
+            raise RuntimeError(f"Engine core initialization failed. See root cause above. Failed core proc(s): {codes}")
+        except RuntimeError as inner:
+            try:
+                raise ValueError("wrapped") from inner
+            except ValueError as outer:
+                return outer
+
+    assert killed_by_signal(failed("{'EngineCore': -9}")) and killed_by_signal(failed("{'EngineCore_DP0': -15}"))
+    assert not killed_by_signal(failed("{'EngineCore': 1}")) and not killed_by_signal(failed("{}"))
+    assert not killed_by_signal(RuntimeError("CUDA out of memory"))

@@ -22,7 +22,7 @@ from grpo_dist.rollout.weight_group import WeightGroupMember, weight_group_engin
 from grpo_dist.sync import AdapterStore, make_transport
 from grpo_dist.sync.merge import LoraMerger, read_adapter_dir
 from grpo_dist.types import AdapterUpdate, Rollout, RolloutGroup
-from grpo_dist.util.proc_health import EngineProcessLost, StartWatch, descendants
+from grpo_dist.util.proc_health import EngineProcessLost, StartWatch, descendants, killed_by_signal
 
 log = logging.getLogger("grpo_dist.rollout")
 
@@ -84,10 +84,12 @@ class RolloutWorker(WeightGroupMember):
                 self.engine = self._make_engine(seed + 1000 * self.rank)
             except Exception as e:
                 lost = watch.lost()
-                if lost:  # killed or exited under it: not a bug of the config, the actor is replaced
+                if lost and (killed_by_signal(e) or any(state == "stopped" for *_, state in lost)):
+                    # killed (the OOM killer, a user) or stopped under it: not the config's fault, replaced
                     what = ", ".join(f"{name} (pid {pid}) {state}" for pid, name, state in lost)
                     raise EngineProcessLost(f"engine process {what} while the engine started: "
                                             f"{e.__class__.__name__}: {e}") from e
+                self.engine_pids = {}  # a start that failed on its own: its exited processes are no news
                 raise
         # the processes the engine started (none in process): the heartbeat reports them stopped or gone
         self.engine_pids = descendants()

@@ -55,6 +55,26 @@ class EngineProcessLost(RuntimeError):
     driver replaces the actor, as for an engine that dies later, rather than stopping the run)."""
 
 
+def killed_by_signal(e: BaseException) -> bool:
+    """vLLM's "Engine core initialization failed ... Failed core proc(s): {'EngineCore': -9}":
+    an engine process of the start ended by a signal (a negative exit code), anywhere in the
+    exception's chain. An engine that raised while it started exits with a positive code."""
+    import ast
+    import re
+
+    while e is not None:
+        m = re.search(r"Failed core proc\(s\): (\{[^}]*\})", str(e))
+        if m:
+            try:
+                codes = ast.literal_eval(m.group(1))
+            except (ValueError, SyntaxError):
+                codes = {}
+            if any(isinstance(c, int) and c < 0 for c in codes.values()):
+                return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 ENGINE_PREFIX = "VLLM::"  # the titles vLLM gives its engine core and workers (psutil's name: the first 15 chars)
 
 
