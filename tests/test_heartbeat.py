@@ -272,9 +272,10 @@ def test_a_rank_failing_on_a_lost_peer_names_the_peer(ray_cluster):
 
 
 def test_an_engine_start_killed_by_a_signal_is_told_from_one_that_failed_on_its_own():
-    """vLLM's start error names each core process's exit code: negative (a signal: the OOM killer, a
-    user) means the engine is replaced; positive (it raised: a config it refuses) stops the run."""
-    from grpo_dist.util.proc_health import killed_by_signal
+    """vLLM's start error names each core process's exit code: positive (it raised: a config it
+    refuses) stops the run; negative (a signal: the OOM killer, a user) or not yet known (``{}``)
+    means the engine is replaced."""
+    from grpo_dist.util.proc_health import exited_on_its_own
 
     def failed(codes: str) -> RuntimeError:
         try:
@@ -285,6 +286,6 @@ def test_an_engine_start_killed_by_a_signal_is_told_from_one_that_failed_on_its_
             except ValueError as outer:
                 return outer
 
-    assert killed_by_signal(failed("{'EngineCore': -9}")) and killed_by_signal(failed("{'EngineCore_DP0': -15}"))
-    assert not killed_by_signal(failed("{'EngineCore': 1}")) and not killed_by_signal(failed("{}"))
-    assert not killed_by_signal(RuntimeError("CUDA out of memory"))
+    assert exited_on_its_own(failed("{'EngineCore': 1}")) and exited_on_its_own(failed("{'EngineCore_DP0': 1}"))
+    assert not exited_on_its_own(failed("{'EngineCore': -9}")) and not exited_on_its_own(failed("{}"))
+    assert not exited_on_its_own(RuntimeError("CUDA out of memory"))

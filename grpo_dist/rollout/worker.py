@@ -22,7 +22,7 @@ from grpo_dist.rollout.weight_group import WeightGroupMember, weight_group_engin
 from grpo_dist.sync import AdapterStore, make_transport
 from grpo_dist.sync.merge import LoraMerger, read_adapter_dir
 from grpo_dist.types import AdapterUpdate, Rollout, RolloutGroup
-from grpo_dist.util.proc_health import EngineProcessLost, StartWatch, descendants, killed_by_signal
+from grpo_dist.util.proc_health import EngineProcessLost, StartWatch, descendants, exited_on_its_own
 
 log = logging.getLogger("grpo_dist.rollout")
 
@@ -84,8 +84,8 @@ class RolloutWorker(WeightGroupMember):
                 self.engine = self._make_engine(seed + 1000 * self.rank)
             except Exception as e:
                 lost = watch.lost()
-                if lost and (killed_by_signal(e) or any(state == "stopped" for *_, state in lost)):
-                    # killed (the OOM killer, a user) or stopped under it: not the config's fault, replaced
+                if lost and not exited_on_its_own(e):
+                    # killed (the OOM killer, a user) or stopped under it, not a refusal: replaced
                     what = ", ".join(f"{name} (pid {pid}) {state}" for pid, name, state in lost)
                     raise EngineProcessLost(f"engine process {what} while the engine started: "
                                             f"{e.__class__.__name__}: {e}") from e

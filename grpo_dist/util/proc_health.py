@@ -55,10 +55,11 @@ class EngineProcessLost(RuntimeError):
     driver replaces the actor, as for an engine that dies later, rather than stopping the run)."""
 
 
-def killed_by_signal(e: BaseException) -> bool:
-    """vLLM's "Engine core initialization failed ... Failed core proc(s): {'EngineCore': -9}":
-    an engine process of the start ended by a signal (a negative exit code), anywhere in the
-    exception's chain. An engine that raised while it started exits with a positive code."""
+def exited_on_its_own(e: BaseException) -> bool:
+    """vLLM's "Engine core initialization failed ... Failed core proc(s): {'EngineCore': 1}": an
+    engine process of the start exited with a positive code (it raised: a config it refuses),
+    anywhere in the exception's chain. A signal shows as a negative code; an exit vLLM had not
+    reaped yet shows as ``{}`` (as likely for a kill as for an error: not counted as its own)."""
     import ast
     import re
 
@@ -69,7 +70,7 @@ def killed_by_signal(e: BaseException) -> bool:
                 codes = ast.literal_eval(m.group(1))
             except (ValueError, SyntaxError):
                 codes = {}
-            if any(isinstance(c, int) and c < 0 for c in codes.values()):
+            if any(isinstance(c, int) and c > 0 for c in codes.values()):
                 return True
         e = e.__cause__ or e.__context__
     return False
