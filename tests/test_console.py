@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from grpo_dist.run.lock import LOCK_FILE
+from test_output_lock import _write_lock
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,14 +98,11 @@ def test_train_resume_and_eval_as_a_user_reads_them(pretrained_model_dir, tmp_pa
     assert adapter_cfg["base_model_name_or_path"] == str(proj / "models" / "base")  # absolute, as given
 
     # resumed: one more step from the step-2 checkpoint, over a lock left by a run that died holding it
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    (run / LOCK_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "started":
-                                             "2026-11-25T10:00:00", "command": "grpo-dist train --config x.yaml"}))
+    dead = json.loads(_write_lock(run).read_text())["pid"]
     rc, out, took = _cli(["train", "--config", str(run / "config.yaml"), "--checkpoint.resume", "auto",
                           "--trainer.steps", "3"], proj)
     assert rc == 0, out[-3000:]
-    assert f"warning: output_dir: taking over {run / LOCK_FILE} left by pid {dead.pid} on this host" in out
+    assert f"warning: output_dir: taking over {run / LOCK_FILE} left by pid {dead} on this host" in out
     assert "resumed from step 2" in out and not (run / LOCK_FILE).exists()
     lines = _read_as_a_user(out)
     print(f"resumed segment: exit {rc}, {took:.0f} s, {len(lines)} lines:\n" + "\n".join(lines))

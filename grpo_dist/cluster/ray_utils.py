@@ -16,6 +16,7 @@ import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from grpo_dist.config import Config
+from grpo_dist.util.proc_health import describe
 from grpo_dist.util.procenv import setup_env
 
 if TYPE_CHECKING:
@@ -217,7 +218,7 @@ class ActorGroup:
         beats = {k: self.actors[k].heartbeat.remote() for k in others}
         done, _ = ray.wait(list(beats.values()), num_returns=len(beats), timeout=PEER_PROBE_S)
         done_ids = {r.hex() for r in done}
-        failed = f"{self.role} worker {rank} failed on it: {cause.__class__.__name__}: {str(cause).splitlines()[0][:200]}"
+        failed = f"{self.role} worker {rank} failed on it: {cause.__class__.__name__}: {(str(cause).splitlines() or [''])[0][:200]}"
         for k, ref in beats.items():
             if ref.hex() not in done_ids:
                 raise ClusterError(f"{self.role} worker {k}: no heartbeat within {PEER_PROBE_S:g} s ({failed})",
@@ -288,7 +289,7 @@ class _Heartbeats:
         except RayError as e:  # the actor is gone: its own refs fail next
             raise ClusterError(f"{g.role} worker {rank} died: {e.__class__.__name__}", g.role, rank, dead=True) from e
         if beat.get("problems"):
-            what = ", ".join(f"{name} (pid {pid}) {state}" for pid, name, state in beat["problems"])
+            what = describe(beat["problems"])
             stopped = all(state == "stopped" for _, _, state in beat["problems"])
             raise ClusterError(f"{g.role} worker {rank}: engine process {what}", g.role, rank, dead=not stopped,
                                hung=stopped, interrupted=_stop_requested_at[0] is not None)
@@ -304,7 +305,7 @@ class _Heartbeats:
         except Exception:
             return
         if beat.get("problems"):
-            what = ", ".join(f"{name} (pid {pid}) {state}" for pid, name, state in beat["problems"])
+            what = describe(beat["problems"])
             raise ClusterError(f"{g.role} worker {rank}: engine process {what} ({cause.__class__.__name__}: "
                                f"{cause})", g.role, rank, dead=True)
 

@@ -22,7 +22,7 @@ from grpo_dist.rollout.weight_group import WeightGroupMember, weight_group_engin
 from grpo_dist.sync import AdapterStore, make_transport
 from grpo_dist.sync.merge import LoraMerger, read_adapter_dir
 from grpo_dist.types import AdapterUpdate, Rollout, RolloutGroup
-from grpo_dist.util.proc_health import EngineProcessLost, StartWatch, descendants, exited_on_its_own
+from grpo_dist.util.proc_health import EngineProcessLost, StartWatch, descendants, describe, exited_on_its_own
 
 log = logging.getLogger("grpo_dist.rollout")
 
@@ -86,8 +86,7 @@ class RolloutWorker(WeightGroupMember):
                 lost = watch.lost()
                 if lost and not exited_on_its_own(e):
                     # killed (the OOM killer, a user) or stopped under it, not a refusal: replaced
-                    what = ", ".join(f"{name} (pid {pid}) {state}" for pid, name, state in lost)
-                    raise EngineProcessLost(f"engine process {what} while the engine started: "
+                    raise EngineProcessLost(f"engine process {describe(lost)} while the engine started: "
                                             f"{e.__class__.__name__}: {e}") from e
                 self.engine_pids = {}  # a start that failed on its own: its exited processes are no news
                 raise

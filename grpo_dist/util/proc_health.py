@@ -50,6 +50,11 @@ def problems(watched: dict[int, str]) -> list[tuple[int, str, str]]:
     return bad
 
 
+def describe(found: list[tuple[int, str, str]]) -> str:
+    """``problems``' answer as one phrase: "VLLM::EngineCore (pid 9) gone, ..."."""
+    return ", ".join(f"{name} (pid {pid}) {state}" for pid, name, state in found)
+
+
 class EngineProcessLost(RuntimeError):
     """An engine failed to start because one of its processes was stopped, killed or exited (the
     driver replaces the actor, as for an engine that dies later, rather than stopping the run)."""
