@@ -43,3 +43,18 @@ def test_a_peak_memory_block_never_reports_a_false_zero():
         buf[::4096] = b"x" * len(buf[::4096])
     assert p.extra is None or p.extra >= 60 * MB, p.extra
     del buf
+
+
+def test_a_mark_that_does_not_follow_touched_pages_gives_none(monkeypatch):
+    """A sandbox that accepts the reset but whose mark and resident set stay put (CI's read 0 for
+    a block that kept 64 MiB): the once-per-process probe sees it and every block answers None."""
+    import grpo_dist.util.memory as memory
+
+    monkeypatch.setattr(memory, "_hwm_tracked", None)
+    monkeypatch.setattr(memory, "_status_kb", lambda key, path=None: 100 * MB)
+    with PeakMemory() as p:
+        buf = bytearray(64 * MB)
+        buf[::4096] = b"x" * len(buf[::4096])
+    assert p.extra is None
+    assert memory._hwm_tracked is False
+    del buf
