@@ -121,7 +121,10 @@ down() {
       [ -n "$(ip netns pids "$(ns "$i")" 2>/dev/null)" ] || break
       kill_host "$i" all >/dev/null; sleep 0.5
     done
-    ip netns del "$(ns "$i")"  # deletes its eth0 and so the veth's other end
+    ip netns del "$(ns "$i")"  # deletes its eth0 and so the veth's other end, once the namespace is freed
+    # a namespace outlives its name while an exiting process still holds it (a host cut off by `link
+    # down` has more to unwind): delete the veth now, or the next `up` finds its name taken
+    ip link del "${P}h${i}v" 2>/dev/null || true
   done
   if ip link show "$BR" >/dev/null 2>&1; then ip link del "$BR"; fi
   if [ -f "$STATE/.grpo_dist_hosts" ]; then rm -rf --one-file-system "$STATE"; fi

@@ -61,8 +61,10 @@ class NetCluster:
             self.on(i, "bash", str(ROOT / "launch/stop_cluster.sh"), timeout=120)
 
 
-def start_cluster(hosts: Hosts, resources: dict[int, dict], cpus: dict[int, int], op_dir: Path) -> NetCluster:
-    """Head on host 1, a worker on every other host; returns once every node has joined."""
+def start_cluster(hosts: Hosts, resources: dict[int, dict], cpus: dict[int, int], op_dir: Path,
+                  started: int | None = None) -> NetCluster:
+    """Head on host 1, a worker on every other host up to ``started`` (default: all; the others
+    join later with ``start_worker``, as an autoscaler's new nodes); returns once they have joined."""
     def res(i: int) -> str:
         return json.dumps({f"host{i}": 1, **resources.get(i, {})})
 
@@ -76,7 +78,7 @@ def start_cluster(hosts: Hosts, resources: dict[int, dict], cpus: dict[int, int]
     for dst in [hosts.home(i) / ".ray" / "auth_token" for i in range(2, hosts.n + 1)] + [c.token]:
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(token, dst)  # scp -p: mode 600 travels
-    for i in range(2, hosts.n + 1):
+    for i in range(2, (started or hosts.n) + 1):
         c.out[i] = start_worker(c, i, res(i), cpus.get(i, 1))
     return c
 

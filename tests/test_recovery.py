@@ -16,9 +16,11 @@ class Recording(Recovery):
     def __init__(self, max_restarts: int):
         super().__init__(config_from_dict({"cluster": {"max_restarts": max_restarts}}), None, lambda: None)
         self.replaced: list[tuple[str, int]] = []
+        self.silent: list[bool] = []
 
-    def replace(self, role: str, rank: int) -> None:
+    def replace(self, role: str, rank: int, silent: bool = False) -> None:
         self.replaced.append((role, rank))
+        self.silent.append(silent)
 
 
 @pytest.mark.parametrize("err", [
@@ -57,6 +59,7 @@ def test_a_hung_worker_is_replaced_like_a_dead_one():
     rec = Recording(max_restarts=1)
     rec.handle(ClusterError("rollout worker 0: no answer within 20 s", "rollout", 0, hung=True))
     assert rec.replaced == [("rollout", 0)]
+    assert rec.silent == [True]  # a silent actor's node is probed before its replacement (node_loss)
     with pytest.raises(ClusterError, match="no answer within 20 s .*used up") as e:
         rec.handle(ClusterError("rollout worker 1: no answer within 20 s", "rollout", 1, hung=True))
     assert e.value.hung and not e.value.dead
@@ -69,8 +72,8 @@ class FailsToStart(Recording):
         super().__init__(max_restarts)
         self.n, self.hung = n, hung
 
-    def replace(self, role: str, rank: int) -> None:
-        super().replace(role, rank)
+    def replace(self, role: str, rank: int, silent: bool = False) -> None:
+        super().replace(role, rank, silent)
         if len(self.replaced) <= self.n:
             raise ClusterError(f"{role} worker {rank}: engine process VLLM::EngineCore (pid 9) gone", role, rank,
                                dead=not self.hung, hung=self.hung)
@@ -81,6 +84,7 @@ def test_a_replacement_that_dies_while_it_starts_is_replaced_again_within_the_bu
     rec = FailsToStart(max_restarts=3, n=1, hung=hung)
     rec.handle(ClusterError("rollout worker 0 died: RayActorError", "rollout", 0, dead=True))
     assert rec.replaced == [("rollout", 0), ("rollout", 0)] and rec.restarts == 2
+    assert rec.silent == [False, hung]  # a dead one is not probed: Ray knows where it stands
     rec = FailsToStart(max_restarts=2, n=5, hung=hung)
     with pytest.raises(ClusterError, match=r"engine process .* gone \(cluster.max_restarts=2 replacements used up\)$"):
         rec.handle(ClusterError("rollout worker 0 died: RayActorError", "rollout", 0, dead=True))
@@ -91,8 +95,8 @@ def test_a_replacement_that_raises_while_it_starts_stops_the_run():
     """A start that fails on its own (a bug, a config the engine refuses) is not retried."""
 
     class Raises(Recording):
-        def replace(self, role, rank):
-            super().replace(role, rank)
+        def replace(self, role, rank, silent=False):
+            super().replace(role, rank, silent)
             raise ClusterError(f"{role} worker {rank} failed: ValueError: no room for the KV cache", role, rank)
 
     rec = Raises(max_restarts=5)

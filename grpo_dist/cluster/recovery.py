@@ -19,6 +19,7 @@ import logging
 from typing import Any, Callable, Optional, TypeVar
 
 from grpo_dist.cluster.actors import on_nodes
+from grpo_dist.cluster.node_loss import await_lost_node
 from grpo_dist.cluster.ray_utils import ClusterError
 from grpo_dist.config import Config
 
@@ -57,7 +58,7 @@ class Recovery:
             self.restarts += 1
             log.warning("%s -- replacing it (restart %d of %d) and re-issuing its work", e, self.restarts, limit)
             try:
-                self.replace(e.role, e.rank)
+                self.replace(e.role, e.rank, silent=e.hung)
                 return
             except ClusterError as again:
                 e = again
@@ -74,9 +75,13 @@ class Recovery:
             log.warning("placing rollout engine %d's CPUs: %s", rank, e)
             return 1, 0, 0
 
-    def replace(self, role: str, rank: int) -> None:
+    def replace(self, role: str, rank: int, silent: bool = False) -> None:
+        """A fresh actor at ``rank``; for a ``silent`` one, once its node has answered or Ray has
+        marked the node dead (``node_loss``: else the replacement could land on a lost node)."""
         w, timeout = self.workers, self.cfg.cluster.actor_start_timeout_s
         group = w.rollout if role == "rollout" else w.reward
+        if silent:
+            await_lost_node(group.actors[rank], f"{role} worker {rank}")
         actor = group.replace(rank)
         if role == "reward":
             group.get([actor.names.remote()], timeout=timeout, ranks=[rank])

@@ -1,0 +1,76 @@
+"""A silent actor's node: answering, or lost (its link down, its machine gone)?
+
+Ray marks a node dead only once its health checks have failed for a while (tens of seconds at
+Ray's defaults), and until then a placement-group bundle there stays there. The heartbeat can find
+a silent actor sooner; a replacement created at once would then be placed on the lost node and die
+with it, costing a restart (on netns hosts: 4 restarts instead of 3 for a host holding two engines
+and the reward actor, one more than the default budget). So before a silent actor is replaced, its
+node is asked to run a zero-CPU task; a node that does not answer within ``probe_s`` is waited on
+until Ray marks it dead and moves its bundles (at most ``wait_s``, then the replacement goes ahead).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Optional
+
+log = logging.getLogger("grpo_dist.cluster")
+PROBE_S = 10.0
+WAIT_S = 120.0
+
+
+def _answer() -> bool:
+    return True
+
+
+def node_of(actor: Any) -> Optional[str]:
+    """The node id Ray's actor table gives for ``actor`` (None if it cannot say)."""
+    try:
+        from ray._private.state import state
+
+        return state.actor_table(actor._actor_id.hex())["Address"]["NodeID"] or None
+    except Exception:  # an old or new Ray without this table entry: no wait, as before
+        return None
+
+
+def _alive(node_id: str) -> bool:
+    import ray
+
+    return any(n["NodeID"] == node_id and n.get("Alive") for n in ray.nodes())
+
+
+def answers(node_id: str, probe_s: float = PROBE_S) -> bool:
+    """Whether ``node_id`` runs a zero-CPU task within ``probe_s``."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(num_cpus=0, max_retries=0)(_answer)
+    ref = task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+    try:
+        return bool(ray.get(ref, timeout=probe_s))
+    except Exception:  # timed out, or the node died meanwhile
+        ray.cancel(ref, force=True)
+        return False
+
+
+def await_lost_node(actor: Any, what: str, probe_s: float = PROBE_S, wait_s: float = WAIT_S) -> str:
+    """Before replacing the silent ``actor`` (``what`` names it): ``"alive"`` if its node answers,
+    ``"dead"`` once Ray has marked it dead (at once, or after waiting for that), ``"unknown"`` if
+    Ray cannot say where it ran or still calls the node alive after ``wait_s``."""
+    node = node_of(actor)
+    if node is None:
+        return "unknown"
+    if not _alive(node):
+        return "dead"
+    if answers(node, probe_s):
+        return "alive"
+    log.warning("%s: its node %s does not answer either: waiting for Ray to mark it dead (at most %g s) so that "
+                "the replacement is placed on another node", what, node[:8], wait_s)
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        if not _alive(node):
+            return "dead"
+        time.sleep(1.0)
+    log.warning("%s: Ray still counts node %s alive after %g s; replacing anyway", what, node[:8], wait_s)
+    return "unknown"
