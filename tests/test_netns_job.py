@@ -1,6 +1,8 @@
 """The tiny config as a user runs it on three real hosts (netns hosts, tests/netns_cluster.py):
 head on host 1, workers on hosts 2 and 3 (launch scripts, token authentication), the job submitted
-with launch/submit_job.sh from the operator's machine outside the hosts.
+with launch/submit_job.sh from the operator's machine outside the hosts. First the cluster itself:
+each node runs its tasks on its own address, with its own /tmp and Ray session directory, and a
+driver without the token is refused.
 
     host 1  10.213.78.11  head, the job's driver, learner rank 0     {learner: 1}
     host 2  10.213.78.12  learner rank 1                             {learner: 1}
@@ -27,7 +29,7 @@ from pathlib import Path
 import pytest
 import wandb_tables
 
-from netns_cluster import start_cluster, start_worker
+from netns_cluster import WHERE, start_cluster, start_worker
 from netns_hosts import ROOT, hosts_fixture
 
 pytestmark = pytest.mark.slow
@@ -75,6 +77,30 @@ def _args(hosts, out: str, steps: int) -> list[str]:
 # a lost host found within seconds, not the defaults' minute; a broadcast to it given up after 60 s
 FAST_DETECTION = ["--cluster.heartbeat_interval_s", "2", "--cluster.heartbeat_timeout_s", "20",
                   "--sync.timeout_s", "60", "--cluster.max_restarts", "5"]
+
+
+def test_every_node_runs_on_its_own_host_address_tmp_and_session(hosts, cluster):
+    """Before any job: a driver on a worker host finds the cluster through its own node, and a
+    task on each node reports that host's address, HOME and a Ray session under its own /tmp."""
+    r = cluster.driver(2, WHERE)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    where = json.loads(r.stdout.split("WHERE ", 1)[1])
+    assert sorted(where) == ["host1", "host2", "host3"], where  # host 4 joins later
+    for i in (1, 2, 3):
+        w = where[f"host{i}"]
+        assert w["node_ip"] == hosts.addr(i) and w["home"] == str(hosts.home(i)), w
+        assert w["session"].startswith("/tmp/ray/session_"), w
+        assert (hosts.state / f"h{i}" / "tmp" / w["session"].removeprefix("/tmp/")).is_dir()  # its own /tmp
+    assert "note: with a node address other than 127.0.0.1" in cluster.out[1]
+
+
+def test_a_driver_without_the_token_is_refused(hosts, cluster):
+    (hosts.home(3) / ".ray" / "auth_token").rename(hosts.home(3) / ".ray" / "auth_token.away")
+    try:
+        r = cluster.driver(3, "import ray; ray.init(address='auto'); print('JOINED')", timeout=120)
+        assert r.returncode != 0 and "JOINED" not in r.stdout, r.stdout[-2000:]
+    finally:
+        (hosts.home(3) / ".ray" / "auth_token.away").rename(hosts.home(3) / ".ray" / "auth_token")
 
 
 def _steps(out: Path) -> list[dict]:
@@ -138,6 +164,9 @@ def test_tiny_config_on_three_hosts_survives_host_3s_link_down_on_a_host_that_jo
     assert all(m["rollout/num_completions"] == 16 for m in done_steps)  # 4 prompts x 4: no group lost
     # 2 engines and the reward actor, each once: none placed on the lost node before Ray gave up on it
     assert done_steps[-1]["cluster/restarts"] == 3 == len(replaced), replaced
+    syncs = [m["sync/seconds"] for m in done_steps if "sync/seconds" in m]
+    print(f"full-weight sync from host 1 to the engines (collective, gloo over TCP): median "
+          f"{sorted(syncs)[len(syncs) // 2]:.3f} s over {len(syncs)} steps, max {max(syncs):.3f} s")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == steps
     a = hosts.addr

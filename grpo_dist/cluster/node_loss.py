@@ -5,8 +5,9 @@ Ray's defaults), and until then a placement-group bundle there stays there. The 
 a silent actor sooner; a replacement created at once would then be placed on the lost node and die
 with it, costing a restart (on netns hosts: 4 restarts instead of 3 for a host holding two engines
 and the reward actor, one more than the default budget). So before a silent actor is replaced, its
-node is asked to run a zero-CPU task; a node that does not answer within ``probe_s`` is waited on
-until Ray marks it dead and moves its bundles (at most ``wait_s``, then the replacement goes ahead).
+node is asked to run a zero-CPU task, and the replacement waits until the node answers (however
+late: a loaded node starts the task's worker slowly) or Ray marks it dead and moves its bundles
+(at most ``probe_s + wait_s``, then the replacement goes ahead). A warning says so after ``probe_s``.
 """
 
 from __future__ import annotations
@@ -40,37 +41,37 @@ def _alive(node_id: str) -> bool:
     return any(n["NodeID"] == node_id and n.get("Alive") for n in ray.nodes())
 
 
-def answers(node_id: str, probe_s: float = PROBE_S) -> bool:
-    """Whether ``node_id`` runs a zero-CPU task within ``probe_s``."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    task = ray.remote(num_cpus=0, max_retries=0)(_answer)
-    ref = task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
-    try:
-        return bool(ray.get(ref, timeout=probe_s))
-    except Exception:  # timed out, or the node died meanwhile
-        ray.cancel(ref, force=True)
-        return False
-
-
 def await_lost_node(actor: Any, what: str, probe_s: float = PROBE_S, wait_s: float = WAIT_S) -> str:
-    """Before replacing the silent ``actor`` (``what`` names it): ``"alive"`` if its node answers,
-    ``"dead"`` once Ray has marked it dead (at once, or after waiting for that), ``"unknown"`` if
-    Ray cannot say where it ran or still calls the node alive after ``wait_s``."""
+    """Before replacing the silent ``actor`` (``what`` names it): ``"alive"`` once its node runs a
+    zero-CPU task (the wait ends the moment it does, however late), ``"dead"`` once Ray has marked
+    the node dead (at once, or while waiting; a warning after ``probe_s`` without an answer),
+    ``"unknown"`` if Ray cannot say where the actor ran, or after ``probe_s + wait_s``."""
     node = node_of(actor)
     if node is None:
         return "unknown"
     if not _alive(node):
         return "dead"
-    if answers(node, probe_s):
-        return "alive"
-    log.warning("%s: its node %s does not answer either: waiting for Ray to mark it dead (at most %g s) so that "
-                "the replacement is placed on another node", what, node[:8], wait_s)
-    end = time.monotonic() + wait_s
-    while time.monotonic() < end:
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(num_cpus=0, max_retries=0)(_answer)
+    ref = task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+    start, warned = time.monotonic(), False
+    while time.monotonic() < start + probe_s + wait_s:
+        ready, _ = ray.wait([ref], timeout=1.0)
+        if ready:  # answered, however late (a loaded node starts the task's worker slowly): no more waiting
+            try:
+                ray.get(ref)
+                return "alive"
+            except Exception:  # the task failed: the node died meanwhile, or Ray cannot say
+                return "dead" if not _alive(node) else "unknown"
         if not _alive(node):
+            ray.cancel(ref, force=True)
             return "dead"
-        time.sleep(1.0)
+        if not warned and time.monotonic() > start + probe_s:
+            warned = True
+            log.warning("%s: its node %s does not answer either: waiting for Ray to mark it dead (at most %g s) so "
+                        "that the replacement is placed on another node", what, node[:8], wait_s)
+    ray.cancel(ref, force=True)
     log.warning("%s: Ray still counts node %s alive after %g s; replacing anyway", what, node[:8], wait_s)
     return "unknown"
