@@ -35,6 +35,15 @@ def node_of(actor: Any) -> Optional[str]:
         return None
 
 
+def _cancel(ref: Any) -> None:
+    import ray
+
+    try:
+        ray.cancel(ref, force=True)
+    except Exception:  # already finished, or its node is gone: nothing left to cancel
+        pass
+
+
 def _alive(node_id: str) -> bool:
     import ray
 
@@ -66,12 +75,12 @@ def await_lost_node(actor: Any, what: str, probe_s: float = PROBE_S, wait_s: flo
             except Exception:  # the task failed: the node died meanwhile, or Ray cannot say
                 return "dead" if not _alive(node) else "unknown"
         if not _alive(node):
-            ray.cancel(ref, force=True)
+            _cancel(ref)
             return "dead"
         if not warned and time.monotonic() > start + probe_s:
             warned = True
             log.warning("%s: its node %s does not answer either: waiting for Ray to mark it dead (at most %g s) so "
                         "that the replacement is placed on another node", what, node[:8], wait_s)
-    ray.cancel(ref, force=True)
+    _cancel(ref)
     log.warning("%s: Ray still counts node %s alive after %g s; replacing anyway", what, node[:8], wait_s)
     return "unknown"
