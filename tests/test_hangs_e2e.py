@@ -17,6 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from grpo_dist.run.outputs import METRICS_FILE, read_metrics
+
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 TIMEOUT = 20
@@ -35,8 +37,7 @@ def start(model_dir: Path, out: Path, *extra: str) -> subprocess.Popen:
 
 
 def steps_done(out: Path) -> list[dict]:
-    f = out / "metrics.jsonl"
-    return [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
+    return read_metrics(out) if (out / METRICS_FILE).exists() else []
 
 
 STEPS = 60  # per run: steps are left after the last fault even where a step takes well under a second

@@ -29,10 +29,12 @@ from pathlib import Path
 import pytest
 import wandb_tables
 
+from grpo_dist.run.outputs import METRICS_FILE, read_metrics
 from netns_cluster import WHERE, start_cluster, start_worker
 from netns_hosts import ROOT, hosts_fixture
 
 pytestmark = pytest.mark.slow
+ROLLOUT_HOST = {"gen": 2, "reward_slot": 1}  # host 3's resources, then host 4's
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +48,6 @@ def cluster(hosts, tmp_path_factory):
                       {1: 2, 2: 1, 3: 2}, tmp_path_factory.mktemp("operator"), started=3)
     yield c
     c.stop()
-
-
-ROLLOUT_HOST = {"gen": 2, "reward_slot": 1}
 
 
 def _operator_dir(hosts, pretrained_model_dir):
@@ -104,8 +103,7 @@ def test_a_driver_without_the_token_is_refused(hosts, cluster):
 
 
 def _steps(out: Path) -> list[dict]:
-    f = out / "metrics.jsonl"
-    return [json.loads(ln) for ln in f.read_text().splitlines()] if f.exists() else []
+    return read_metrics(out) if (out / METRICS_FILE).exists() else []
 
 
 def _submit_in_background(cluster, op, *args):
@@ -198,7 +196,7 @@ def test_a_learner_host_killed_mid_run_stops_with_one_line_and_the_resume_comman
     t0 = time.monotonic()
     job.join(600)
     took, r = time.monotonic() - t0, done["r"]
-    steps = len((out / "metrics.jsonl").read_text().splitlines())
+    steps = len(_steps(out))
     lines = sorted({ln.strip() for ln in (r.stdout + r.stderr).splitlines() if ln.strip().startswith("error: ")})
     print(f"host 2 killed after step 2: the job ended {took:.0f} s later, after step {steps}: {lines}")
     assert r.returncode != 0 and took < 180, (took, r.stdout[-3000:])
