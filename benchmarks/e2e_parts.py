@@ -101,6 +101,41 @@ def model_path(name: str, dtype: str) -> str:
     return qwen2_dir(name, dtype)
 
 
+# ------------------------------------------------------------------------------ start-up
+
+class FirstStep:
+    """Start-up of a run: from entering the block to the start of its first step (the moment the
+    first line of ``metrics.jsonl`` appears, polled every 0.1 s, less that step's own time)."""
+
+    def __init__(self, metrics_path: str) -> None:
+        self.path, self.t0, self.seen = metrics_path, 0.0, None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> "FirstStep":
+        self.t0 = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set() and self.seen is None:
+            try:
+                if os.path.getsize(self.path) > 0:
+                    self.seen = time.monotonic() - self.t0
+            except OSError:
+                pass
+            self._stop.wait(0.1)
+
+    def startup_s(self, first_step_s: Optional[float]) -> Optional[float]:
+        if self.seen is None or first_step_s is None:
+            return None
+        return max(0.0, self.seen - first_step_s)
+
+
 # ------------------------------------------------------------------------------ peak memory per role
 
 def _read(path: str) -> str:

@@ -57,12 +57,14 @@ DRY_MODEL = {"smollm2": "tiny", "qwen2-0.5b": "tiny-qwen2"}
 # (column, metric, how over the timed steps); stages in seconds per step
 METRICS = [("s_per_step", "timing/step", "mean"), ("generate", "timing/generate", "mean"),
            ("reference", "timing/learn_ref_old", "mean"), ("update", "timing/learn_update", "mean"),
-           ("sync", "timing/sync", "mean"), ("sleep", "timing/rollout_sleep", "mean"),
+           ("sync", "timing/sync", "mean"), ("sync_publish", "timing/sync_publish", "mean"),
+           ("sync_transfer", "timing/sync_transfer", "mean"), ("sleep", "timing/rollout_sleep", "mean"),
            ("wake", "timing/sync_wake", "mean"), ("tokens_per_s", "perf/tokens_per_s", "mean"),
            ("learner_tflops", "perf/learner_tflops", "mean"), ("mfu", "perf/mfu", "mean"),
-           ("logprob_diff_max", "train/logprob_diff_behaviour_max", "max")]
+           ("logprob_diff_max", "train/logprob_diff_behaviour_max", "max"), ("other", "timing/other", "mean")]
 MEMORY = ["peak_gib_learner", "peak_gib_rollout", "peak_gib_reward"]
-COLUMNS = [c for c, _, _ in METRICS] + MEMORY
+# startup: seconds from the command to the start of its first step (cold or warm: what ran before it on the machine)
+COLUMNS = [c for c, _, _ in METRICS] + ["startup"] + MEMORY
 SUBSTITUTED = {  # what the dry run runs instead of the GPU setting
     "colocated": "layout colocated on CPU: vLLM's CPU build has no sleep mode, so the engine never sleeps "
                  "(sleep/wake n/a)",
@@ -153,7 +155,7 @@ def run_one(model_name: str, setting: str, args, extra: list[str], gpus: int, lo
     print(f"[gpu_e2e] == {model_name}{f' (as {name})' if small else ''} / {setting}: grpo-dist "
           + " ".join(argv), flush=True)
     t0 = time.perf_counter()
-    with e2e_parts.RolePeaks(gpu=not dry) as mem:
+    with e2e_parts.RolePeaks(gpu=not dry) as mem, e2e_parts.FirstStep(os.path.join(out, "metrics.jsonl")) as first:
         try:
             rc = cli.main(argv)
         except Exception as e:  # e.g. Ray's own start-up timeout on a starved machine: a failed row, not no table
@@ -168,9 +170,13 @@ def run_one(model_name: str, setting: str, args, extra: list[str], gpus: int, lo
     row.update({f"peak_gib_{r}": peaks[r] for r in e2e_parts.ROLES})
     if rc != 0:
         print(f"[gpu_e2e] {model_name} / {setting}: grpo-dist train failed: {rc}", flush=True)
-        row.update({c: None for c, _, _ in METRICS}, not_applicable=[])
+        row.update({c: None for c, _, _ in METRICS}, startup=None, not_applicable=[])
         return row
-    row.update(row_of(history_of(out), args.skip, sleeps=setting == "colocated" and not dry))
+    history = history_of(out)
+    row.update(row_of(history, args.skip, sleeps=setting == "colocated" and not dry))
+    if setting == "collective":  # its own push: sync/learner_seconds, not the payload transports' two clocks
+        row["not_applicable"] = list(row["not_applicable"]) + ["sync_publish", "sync_transfer"]
+    row["startup"] = first.startup_s(history[0].get("timing/step") if history else None)
     if not dry:  # the reward actor holds no GPU memory: nvidia-smi lists no process of it (H100, 2026-11-26)
         row["not_applicable"] = list(row["not_applicable"]) + ["peak_gib_reward"]
     print(f"[gpu_e2e] {model_name} / {setting}: {row['s_per_step']:.3f} s/step, wall {wall:.0f} s", flush=True)

@@ -25,7 +25,8 @@ REQUIRED_METRICS = [
     "rollout/completion_length_mean", "rollout/completion_length_max", "rollout/truncated_frac",
     "train/loss", "train/kl", "train/clip_frac_low", "train/clip_frac_high", "train/ratio_mean",
     "train/entropy", "train/grad_norm", "train/lr", "sync/bytes", "sync/seconds",
-    "timing/generate", "timing/score", "timing/learn", "timing/sync", "timing/step", "perf/tokens_per_s",
+    "timing/generate", "timing/score", "timing/learn", "timing/sync", "timing/sync_publish", "timing/sync_transfer",
+    "timing/step", "timing/other", "perf/tokens_per_s",
 ]
 
 

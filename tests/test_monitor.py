@@ -19,6 +19,20 @@ def test_step_timer_accumulates_phases():
     assert m["timing/generate"] >= 0.02 and m["timing/step"] >= m["timing/generate"]
 
 
+def test_step_timer_names_the_time_outside_every_phase():
+    """``timing/other``: the step's seconds that no phase timed, so the phases and it add up to
+    the step (what a profile of a slow step starts from)."""
+    t = StepTimer()
+    with t("generate"):
+        time.sleep(0.02)
+    time.sleep(0.05)  # untimed work between phases
+    with t("learn"):
+        time.sleep(0.01)
+    m = t.metrics()
+    assert m["timing/other"] >= 0.05
+    assert abs(m["timing/generate"] + m["timing/learn"] + m["timing/other"] - m["timing/step"]) < 1e-9
+
+
 def test_non_finite_names_bad_metrics():
     assert non_finite({"a": 1.0, "b": math.nan, "c": math.inf, "d": 3}) == ["b", "c"]
 

@@ -6,7 +6,8 @@ engine). :class:`WeightSync` issues both in one call, so a transport whose halve
 (a broadcast over a process group) can be entered by all parties at once:
 
 * ``setup(learners, engines, recovery)`` -- the actor groups (and the dead-actor handler);
-* ``push(version, wait)`` -- learner half, then the engine half on every engine. ``wait``: the
+* ``push(version, wait)`` -- learner half (``timing/sync_publish``), then the engine half on every
+  engine (``timing/sync_transfer``: the loads' wall time past the slowest engine's own). ``wait``: the
   engines' answers are awaited (on-policy); otherwise they are settled later (:meth:`settle`),
   and, since an actor runs its calls in order, every generation submitted after the push runs
   with the new version;
@@ -20,6 +21,7 @@ The payload transports (``object_store``, ``filesystem``) publish on the learner
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -80,17 +82,21 @@ class WeightSync:
     def push(self, version: int, wait: bool = True) -> dict[str, float]:
         """Send ``version`` (the learner's, after its update) to every engine; the metrics of the
         loads answered (all of them with ``wait``)."""
+        t0 = time.perf_counter()
         self._payload = self._learner_half(version)
+        t1 = time.perf_counter()
         self.loads += [Load(r, a, self._engine_half(a, self._payload), version)
                        for r, a in enumerate(self.engines.actors)]
         self.version = version
         for fn in self.on_push:
             fn(version)
         done = self.settle(block=wait)
-        m = {"sync/version": float(version)}
+        m = {"sync/version": float(version), "timing/sync_publish": t1 - t0}
         if done:
             m.update({"sync/bytes": float(done[-1]["bytes"]), "sync/seconds": max(r["seconds"] for r in done),
                       **sync_clocks(done)})
+            if wait:  # the loads' wall time past the slowest engine's own: the payload's way there, the calls
+                m["timing/sync_transfer"] = max(0.0, time.perf_counter() - t1 - m["sync/seconds"])
         return m
 
     def settle(self, block: bool = False) -> list[dict]:

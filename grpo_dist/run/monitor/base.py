@@ -58,7 +58,8 @@ def non_finite(metrics: dict[str, float]) -> list[str]:
 
 
 class StepTimer:
-    """Accumulates named phase durations of one step; ``metrics()`` gives ``timing/<phase>`` and ``timing/step``."""
+    """Accumulates named phase durations of one step; ``metrics()`` gives ``timing/<phase>``,
+    ``timing/step`` and ``timing/other``: the step's time outside every phase (the phases do not nest)."""
 
     def __init__(self):
         self.t: dict[str, float] = {}
@@ -75,4 +76,5 @@ class StepTimer:
     def metrics(self) -> dict[str, float]:
         m = {f"timing/{k}": v for k, v in self.t.items()}
         m["timing/step"] = time.perf_counter() - self.start
+        m["timing/other"] = max(0.0, m["timing/step"] - sum(self.t.values()))
         return m
