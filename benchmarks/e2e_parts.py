@@ -108,12 +108,12 @@ class FirstStep:
     first line of ``metrics.jsonl`` appears, polled every 0.1 s, less that step's own time)."""
 
     def __init__(self, metrics_path: str) -> None:
-        self.path, self.t0, self.seen = metrics_path, 0.0, None
+        self.path, self.t0, self.wall0, self.seen = metrics_path, 0.0, 0.0, None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def __enter__(self) -> "FirstStep":
-        self.t0 = time.monotonic()
+        self.t0, self.wall0 = time.monotonic(), time.time()
         self._thread.start()
         return self
 
@@ -124,7 +124,8 @@ class FirstStep:
     def _loop(self) -> None:
         while not self._stop.is_set() and self.seen is None:
             try:
-                if os.path.getsize(self.path) > 0:
+                st = os.stat(self.path)
+                if st.st_size > 0 and st.st_mtime >= self.wall0 - 1.0:  # not an earlier run's file in the same dir
                     self.seen = time.monotonic() - self.t0
             except OSError:
                 pass

@@ -79,3 +79,21 @@ def test_gpu_settings_on_tiny_models(tmp_path):
     doc = json.loads(out.read_text())
     _check_table(doc, {"colocated", "disagg", "lora", "collective"}, {"smollm2"})
     assert [r["not_applicable"] for r in doc["rows"] if r["setting"] == "colocated"] == [[]]  # it slept and woke
+
+
+def test_start_up_is_read_from_the_first_metrics_line_of_this_run_not_an_earlier_ones(tmp_path):
+    import time
+
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import e2e_parts
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n')
+    os.utime(path, (time.time() - 60, time.time() - 60))  # an earlier run's file in the same directory
+    with e2e_parts.FirstStep(str(path)) as first:
+        time.sleep(0.5)
+        assert first.seen is None
+        path.write_text('{"step": 1, "timing/step": 0.2}\n')  # this run's first step, 0.2 s long
+        time.sleep(0.5)
+    assert first.seen is not None and 0.3 <= first.startup_s(0.2) <= 0.9, first.seen
+    assert first.startup_s(None) is None
