@@ -7,7 +7,9 @@ of ``--lr`` per element on bf16 A and B).
 
 Prints, over every adapted weight: the mean |delta| and |W|, the fraction of the delta's elements
 that the bf16 merge rounds away entirely (bf16(W + d) == bf16(W) while d != 0), the relative error
-of the merged delta (|| (bf16(W + d) - bf16(W)) - d || / || d ||), and the fraction of A/B elements
+of the merged delta (|| (bf16(W + d) - bf16(W)) - d || / || d ||), its projection on the delta (the
+share of the delta kept along its direction: rounding is nearly unbiased, so this stays near 1 while
+the error is noise across the delta), and the fraction of A/B elements
 for which a step of ``lr`` is below half the bf16 spacing at their magnitude (lost in a bf16 update).
 """
 
@@ -21,11 +23,13 @@ import os
 import torch
 
 
-def merge_loss(w: torch.Tensor, d: torch.Tensor) -> tuple[int, float, float]:
-    """(elements of ``d`` rounded away entirely, squared error of the merged delta, squared norm of ``d``)."""
+def merge_loss(w: torch.Tensor, d: torch.Tensor) -> tuple[int, float, float, float]:
+    """(elements of ``d`` rounded away entirely, squared error of the merged delta, squared norm of
+    ``d``, the merged delta's dot product with ``d``)."""
     w, d = w.float(), d.float()
     eff = (w + d).to(torch.bfloat16).float() - w.to(torch.bfloat16).float()
-    return int(((eff == 0) & (d != 0)).sum()), float(((eff - d) ** 2).sum()), float((d ** 2).sum())
+    return (int(((eff == 0) & (d != 0)).sum()), float(((eff - d) ** 2).sum()), float((d ** 2).sum()),
+            float((eff * d).sum()))
 
 
 def step_lost(t: torch.Tensor, lr: float) -> int:
@@ -49,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     for f in glob.glob(os.path.join(a.model, "*.safetensors")):
         base.update(load_file(f))
     n = lost = lost_ab = n_ab = 0
-    err2 = d2 = dabs = wabs = 0.0
+    err2 = d2 = dot = dabs = wabs = 0.0
     modules = 0
     for k, lora_a in ad.items():
         if "lora_A" not in k:
@@ -57,14 +61,16 @@ def main(argv: list[str] | None = None) -> int:
         lora_b = ad[k.replace("lora_A", "lora_B")]
         w = base[k.replace("base_model.model.", "").replace(".lora_A.weight", ".weight")]
         d = scale * lora_b.float() @ lora_a.float()
-        lo, e2, dd = merge_loss(w, d)
-        n, lost, err2, d2 = n + d.numel(), lost + lo, err2 + e2, d2 + dd
+        lo, e2, dd, dp = merge_loss(w, d)
+        n, lost, err2, d2, dot = n + d.numel(), lost + lo, err2 + e2, d2 + dd, dot + dp
         dabs, wabs, modules = dabs + float(d.abs().mean()), wabs + float(w.float().abs().mean()), modules + 1
         for t in (lora_a, lora_b):
             n_ab, lost_ab = n_ab + t.numel(), lost_ab + step_lost(t, a.lr)
     print(f"{a.adapter}: {modules} adapted weights, scale {scale:g}")
     print(f"merge into bf16 weights: mean |delta| {dabs / modules:.2e}, mean |W| {wabs / modules:.2e}; delta elements "
-          f"rounded away entirely {lost / n:.3f}; relative error of the merged delta {(err2 / d2) ** 0.5:.3f}")
+          f"rounded away entirely {lost / n:.3f}; relative error of the merged delta {(err2 / d2) ** 0.5:.3f}; "
+          f"its projection on the delta {dot / d2:.3f} (the share kept along it; the rest of the error is "
+          f"rounding noise across it)")
     print(f"a step of {a.lr:g} on bf16 A/B: lost for {lost_ab / n_ab:.4f} of the elements")
     return 0
 

@@ -55,7 +55,8 @@ def test_parse_defaults_and_overrides(tc):
     bf16 = setting_config("sync2_bf16")
     assert bf16.rollout.dtype == "bfloat16" and bf16.model.dtype == "float32"
     both = setting_config("sync2_bf16all")
-    assert both.model.dtype == "bfloat16" and both.rollout.dtype is None
+    # named: a bf16 learner's merged adapter would otherwise get a float32 engine (devices.engine_dtype)
+    assert both.model.dtype == "bfloat16" and both.rollout.dtype == "bfloat16"
     assert [n for n in tc.SETTINGS if tc.precision(n) == "bf16"] == ["trl_bf16", "trl_bf16w", "sync_bf16all",
                                                                        "sync2_bf16", "sync2_bf16all", "sync2_bf16all_c"]
     assert args.config.endswith("tiny_cpu.yaml") and "sync_bf16all" not in tc.parse([])[0].settings

@@ -20,10 +20,10 @@ def _mod():
 def test_a_delta_below_half_the_spacing_is_rounded_away_and_one_above_it_survives():
     mod = _mod()
     w = torch.full((4,), 0.15)  # bf16 spacing at 0.15: 2^-3 * 2^-7 = 2^-10 ~ 9.8e-4
-    lost, err2, d2 = mod.merge_loss(w, torch.full((4,), 3e-4))  # < half the spacing: gone
-    assert lost == 4 and abs(err2 - d2) < 1e-12
-    lost, err2, d2 = mod.merge_loss(w, torch.full((4,), 2 ** -10))  # one spacing: kept exactly
-    assert lost == 0 and err2 < 1e-12
+    lost, err2, d2, dot = mod.merge_loss(w, torch.full((4,), 3e-4))  # < half the spacing: gone
+    assert lost == 4 and abs(err2 - d2) < 1e-12 and dot == 0
+    lost, err2, d2, dot = mod.merge_loss(w, torch.full((4,), 2 ** -10))  # one spacing: kept exactly
+    assert lost == 0 and err2 < 1e-12 and abs(dot - d2) < 1e-12
 
 
 def test_a_step_is_lost_where_it_is_below_half_the_spacing_of_the_weight():

@@ -10,7 +10,7 @@ import torch
 
 from grpo_dist.config import load_config
 from grpo_dist.data import PromptRecord
-from grpo_dist.devices import adapter_mode, choices
+from grpo_dist.devices import adapter_mode, choices, engine_dtype
 from grpo_dist.sync.merge import LoraMerger, MergeError, lora_factors, read_adapter_dir
 from grpo_dist.types import AdapterUpdate
 
@@ -239,6 +239,25 @@ def test_adapter_mode_auto_by_device():
     lines = choices(cpu)
     assert lines[0].startswith("rollout.adapter_mode -> merged: auto: CPU engines")
     assert lines[1].startswith("trainer.max_staleness auto -> 0: the engines and the learner share CPU cores")
+
+
+def test_a_merging_engine_keeps_float32_weights_beside_a_bf16_learner():
+    """bf16's spacing at a weight's size is larger than most of an adapter's delta: engines that
+    merge the adapter get float32 weights unless rollout.dtype says otherwise (the learner keeps
+    bfloat16); engines that serve the adapter unmerged, or full weights, keep model.dtype."""
+    bf16 = load_config(None, ["--model.dtype", "bfloat16"])
+    assert engine_dtype(bf16)[0] == "float32" and bf16.model.dtype == "bfloat16"
+    assert any(x.startswith("rollout.dtype -> float32: auto: the engines merge the adapter") for x in choices(bf16))
+    assert engine_dtype(load_config(None, ["--model.dtype", "float16"]))[0] == "float32"
+    assert engine_dtype(load_config(None, ["--model.dtype", "bfloat16", "--rollout.dtype", "bfloat16"])) == \
+        ("bfloat16", "rollout.dtype")
+    assert engine_dtype(load_config(None, ["--model.dtype", "bfloat16", "--rollout.adapter_mode", "lora"])) == \
+        ("bfloat16", "model.dtype")
+    assert engine_dtype(load_config(None, ["--model.dtype", "bfloat16", "--lora.enabled", "false"]))[0] == "bfloat16"
+    assert engine_dtype(load_config(None, ["--cluster.rollout_gpus", "1", "--cluster.learner_gpus", "1"]))[0] == \
+        "bfloat16"  # GPUs: bf16 by default, the adapter served by vLLM's LoRA kernels
+    fp32 = load_config(None, [])
+    assert engine_dtype(fp32) == ("float32", "model.dtype") and not any("rollout.dtype" in x for x in choices(fp32))
 
 
 @pytest.mark.parametrize("overrides, k, words", [

@@ -59,7 +59,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
                       label="TRL, default generation, bfloat16 weights + bf16=True"),
     "sync": dict(kind="grpo", max_staleness=0, label="grpo_dist sync (max_staleness 0), 1 vLLM worker"),
     "async": dict(kind="grpo", max_staleness=1, label="grpo_dist async (max_staleness 1), 1 vLLM worker"),
-    "sync_bf16all": dict(kind="grpo", max_staleness=0, precision="bf16", overrides=["--model.dtype", "bfloat16"],
+    "sync_bf16all": dict(kind="grpo", max_staleness=0, precision="bf16",
+                         overrides=["--model.dtype", "bfloat16", "--rollout.dtype", "bfloat16"],
                          label="grpo_dist sync, 1 vLLM worker, model.dtype bfloat16 (engine and learner)"),
     "stream": dict(kind="grpo", max_staleness=0, overrides=["--rollout.streaming", "true"],
                    label="grpo_dist sync, 1 vLLM worker, rollout.streaming (each trajectory advances on its own)"),
@@ -73,10 +74,11 @@ SETTINGS: dict[str, dict[str, Any]] = {
                        overrides=["--rollout.dtype", "bfloat16"],
                        label="grpo_dist sync, 2 vLLM workers, generation in bfloat16 (learner float32)"),
     "sync2_bf16all": dict(kind="grpo", max_staleness=0, workers=2, precision="bf16",
-                          overrides=["--model.dtype", "bfloat16"],
+                          overrides=["--model.dtype", "bfloat16", "--rollout.dtype", "bfloat16"],
                           label="grpo_dist sync, 2 vLLM workers, model.dtype bfloat16 (engines and learner)"),
     "sync2_bf16all_c": dict(kind="grpo", max_staleness=0, workers=2, precision="bf16",
-                            overrides=["--model.dtype", "bfloat16", "--rollout.enforce_eager", "false"],
+                            overrides=["--model.dtype", "bfloat16", "--rollout.dtype", "bfloat16",
+                                       "--rollout.enforce_eager", "false"],
                             label="grpo_dist sync, 2 compiled vLLM workers (rollout.enforce_eager false), "
                                   "model.dtype bfloat16"),
 }

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import torch
 
+from grpo_dist.devices import engine_dtype
 from grpo_dist.sync.buckets import WeightGroup, make_manifest, pack, payload_bytes, plan, send_header
 from grpo_dist.util.memory import PeakMemory
 
@@ -59,7 +60,7 @@ class WeightBroadcast:
                 return None
             lora = cfg.lora.enabled
             peft = json_safe(self.policy.engine.module.peft_config["default"].to_dict()) if lora else None
-            send_dtype = None if lora else getattr(torch, cfg.rollout.dtype or cfg.model.dtype)
+            send_dtype = None if lora else getattr(torch, engine_dtype(cfg)[0])
             self._wg_manifest = make_manifest(self._sync_named(), kind="lora" if lora else "full",
                                               bucket_bytes=int(cfg.sync.bucket_mb * 2**20), send_dtype=send_dtype,
                                               peft_config=peft)

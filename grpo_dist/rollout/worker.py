@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from grpo_dist.config import Config
-from grpo_dist.devices import BIND_ENV, adapter_mode, engine_cpus, sleeps_while_learning, torch_threads
+from grpo_dist.devices import BIND_ENV, adapter_mode, engine_cpus, engine_dtype, sleeps_while_learning, torch_threads
 from grpo_dist.rollout.agent import AgentRollouts
 from grpo_dist.rollout.base import Generator, SamplingSpec
 from grpo_dist.envs.registry import EnvSource
@@ -33,7 +33,7 @@ def generator_kwargs(cfg: Config, seed: int) -> dict[str, Any]:
                 enable_lora=adapter_mode(cfg)[0] == "lora", lora_rank=cfg.lora.r, max_loras=cfg.rollout.max_loras,
                 enforce_eager=cfg.rollout.enforce_eager, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                 cpu_kvcache_gb=cfg.rollout.cpu_kvcache_gb, enable_sleep_mode=sleeps_while_learning(cfg),
-                dtype=cfg.rollout.dtype or cfg.model.dtype, seed=seed, trust_remote_code=cfg.model.trust_remote_code,
+                dtype=engine_dtype(cfg)[0], seed=seed, trust_remote_code=cfg.model.trust_remote_code,
                 **weight_group_engine_kwargs(cfg))
 
 
@@ -47,7 +47,7 @@ def make_generator(cfg: Config, seed: int) -> Generator:
     from grpo_dist.rollout.hf_engine import HFGenerator
 
     return HFGenerator(cfg.model.path, max_batch_size=cfg.rollout.hf_max_batch_size,
-                       dtype=cfg.rollout.dtype or cfg.model.dtype, seed=seed,
+                       dtype=engine_dtype(cfg)[0], seed=seed,
                        trust_remote_code=cfg.model.trust_remote_code)
 
 
@@ -99,7 +99,7 @@ class RolloutWorker(WeightGroupMember):
         if mode == "merged":
             from grpo_dist.hub import local_model_dir
 
-            dtype = getattr(torch, self.cfg.rollout.dtype or self.cfg.model.dtype)  # the engine's weights
+            dtype = getattr(torch, engine_dtype(self.cfg)[0])  # the engine's weights
             self.merger = LoraMerger(local_model_dir(self.cfg.model.path), dtype=dtype)
         return {"rank": self.rank, "backend": self.cfg.rollout.backend, "adapter_mode": mode, "cpus": bind or why,
                 "startup_s": time.perf_counter() - t0}
