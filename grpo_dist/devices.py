@@ -109,14 +109,15 @@ def engine_cpus(cfg: Config, index_on_node: int, engines_on_node: int, learners_
 def engine_dtype(cfg: Config) -> tuple[str, str]:
     """The dtype of the rollout engines' weights and why: ``rollout.dtype`` when set; float32 where
     the engines merge a LoRA adapter into bfloat16/float16 weights (8 or 11 significant bits: at a
-    weight's usual size the adapter's delta is mostly under half their spacing, and the merge rounds
-    it away; benchmarks/NOTES.md "bf16: where a LoRA update is lost"); else ``model.dtype``."""
+    weight's usual size the adapter's delta is mostly under half their spacing, so the merged delta
+    carries rounding noise about as large as itself; benchmarks/NOTES.md "bf16: where a LoRA update
+    is lost"); else ``model.dtype``."""
     if cfg.rollout.dtype:
         return cfg.rollout.dtype, "rollout.dtype"
     if cfg.model.dtype in ("bfloat16", "float16") and adapter_mode(cfg)[0] == "merged":
         return "float32", (f"auto: the engines merge the adapter into their weights, and a {cfg.model.dtype} merge "
-                           f"rounds away most of the adapter's change (it is smaller than the weights' spacing); "
-                           f"the learner keeps {cfg.model.dtype}; set rollout.dtype to choose")
+                           f"adds rounding noise about as large as the adapter's change (smaller than the weights' "
+                           f"spacing); the learner keeps {cfg.model.dtype}; set rollout.dtype to choose")
     return cfg.model.dtype, "model.dtype"
 
 

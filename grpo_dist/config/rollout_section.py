@@ -25,7 +25,7 @@ class RolloutConfig(Section):
     max_tokens: int = Field(8, gt=0, description="Max completion tokens.")
     dtype: Optional[Literal["float32", "bfloat16", "float16"]] = Field(
         None, description="Engine weights dtype (null = model.dtype, except float32 where the engines merge a LoRA "
-        "adapter into bfloat16/float16 weights: such a merge rounds away most of the adapter's change). bfloat16 on "
+        "adapter into bfloat16/float16 weights: such a merge adds rounding noise about as large as the adapter's change). bfloat16 on "
         "a CPU with AVX512-BF16 generates "
         "faster than float32 (benchmarks/NOTES.md); the learner keeps model.dtype, so the samples come from a rounded "
         "copy of the policy: watch train/logprob_diff_behaviour_mean and set algo.rollout_is: truncate to correct it.")
