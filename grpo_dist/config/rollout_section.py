@@ -25,8 +25,8 @@ class RolloutConfig(Section):
     max_tokens: int = Field(8, gt=0, description="Max completion tokens.")
     dtype: Optional[Literal["float32", "bfloat16", "float16"]] = Field(
         None, description="Engine weights dtype (null = model.dtype, except float32 where the engines merge a LoRA "
-        "adapter into bfloat16/float16 weights: such a merge adds rounding noise about as large as the adapter's change). bfloat16 on "
-        "a CPU with AVX512-BF16 generates "
+        "adapter into bfloat16/float16 weights: such a merge adds rounding noise about as large as the adapter's "
+        "change). bfloat16 on a CPU with AVX512-BF16 generates "
         "faster than float32 (benchmarks/NOTES.md); the learner keeps model.dtype, so the samples come from a rounded "
         "copy of the policy: watch train/logprob_diff_behaviour_mean and set algo.rollout_is: truncate to correct it.")
     stop: list[str] = Field(default_factory=list, description="Stop strings.")
