@@ -101,35 +101,58 @@ def model_path(name: str, dtype: str) -> str:
     return qwen2_dir(name, dtype)
 
 
-# ------------------------------------------------------------------------------ start-up
+# ------------------------------------------------------------------------------ samplers
 
-class FirstStep:
-    """Start-up of a run: from entering the block to the start of its first step (the moment the
-    first line of ``metrics.jsonl`` appears, polled every 0.1 s, less that step's own time)."""
+class _Poller:
+    """While its block runs, a daemon thread calls ``poll()`` every ``interval`` s until it returns True."""
 
-    def __init__(self, metrics_path: str) -> None:
-        self.path, self.t0, self.wall0, self.seen = metrics_path, 0.0, 0.0, None
+    interval = 0.5
+
+    def __init__(self) -> None:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def __enter__(self) -> "FirstStep":
-        self.t0, self.wall0 = time.monotonic(), time.time()
+    def __enter__(self):
+        self.started()
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=30)
 
     def _loop(self) -> None:
-        while not self._stop.is_set() and self.seen is None:
-            try:
-                st = os.stat(self.path)
-                if st.st_size > 0 and st.st_mtime >= self.wall0 - 1.0:  # not an earlier run's file in the same dir
-                    self.seen = time.monotonic() - self.t0
-            except OSError:
-                pass
-            self._stop.wait(0.1)
+        while not self._stop.is_set() and not self.poll():
+            self._stop.wait(self.interval)
+
+    def started(self) -> None:
+        """Called as the block is entered, before the first poll."""
+
+    def poll(self) -> bool:
+        raise NotImplementedError
+
+
+class FirstStep(_Poller):
+    """Start-up of a run: from entering the block to the start of its first step (the moment the
+    first line of ``metrics.jsonl`` appears, polled every 0.1 s, less that step's own time)."""
+
+    interval = 0.1
+
+    def __init__(self, metrics_path: str) -> None:
+        super().__init__()
+        self.path, self.t0, self.wall0, self.seen = metrics_path, 0.0, 0.0, None
+
+    def started(self) -> None:
+        self.t0, self.wall0 = time.monotonic(), time.time()
+
+    def poll(self) -> bool:
+        try:
+            st = os.stat(self.path)
+            if st.st_size > 0 and st.st_mtime >= self.wall0 - 1.0:  # not an earlier run's file in the same dir
+                self.seen = time.monotonic() - self.t0
+        except OSError:
+            pass
+        return self.seen is not None
 
     def startup_s(self, first_step_s: Optional[float]) -> Optional[float]:
         if self.seen is None or first_step_s is None:
@@ -206,32 +229,22 @@ def gpu_used_mib() -> Optional[dict[int, float]]:
     return out
 
 
-class RolePeaks:
+class RolePeaks(_Poller):
     """A thread sampling, every ``interval`` s, the memory of each role's processes: on GPU the
     GPU memory ``nvidia-smi`` reports per process (peak of the sampled sum per role), on CPU each
     process's peak resident set (``VmHWM``, the kernel's high-water mark: exact per process; the
     role's figure is the sum of its processes' peaks)."""
 
     def __init__(self, gpu: bool, interval: float = 0.5):
+        super().__init__()
         self.gpu, self.interval = gpu, interval
         self.hwm: dict[int, tuple[str, float]] = {}  # CPU: pid -> (role, peak GiB)
         self.gpu_peak = {r: 0.0 for r in ROLES}
         self.gpu_seen = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def __enter__(self) -> "RolePeaks":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self.sample()
-            self._stop.wait(self.interval)
+    def poll(self) -> bool:
+        self.sample()
+        return False
 
     def sample(self) -> None:
         roles = role_pids()

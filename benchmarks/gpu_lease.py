@@ -279,12 +279,11 @@ def run(args) -> int:
         print(f"[gpu_lease {time.monotonic() - t_start:5.0f} s] {msg}", flush=True)
 
     env = dict(os.environ)
-    if not args.dry_run:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (args.site, ROOT, env.get("PYTHONPATH", "")) if p)
-    else:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
-    plan = PLANS["dry" if args.dry_run else args.plan]
-    doc: dict[str, Any] = {"plan": "dry" if args.dry_run else args.plan, "dry_run": args.dry_run,
+    site = [] if args.dry_run else [args.site]  # the dry run uses this machine's stack
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (*site, ROOT, env.get("PYTHONPATH", "")) if p)
+    plan_name = "dry" if args.dry_run else args.plan
+    plan = PLANS[plan_name]
+    doc: dict[str, Any] = {"plan": plan_name, "dry_run": args.dry_run,
                            "budget_s": args.budget_s, "machine": platform.node(), "stages": {}, "rows": [],
                            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     path = os.path.join(out, "lease.json")

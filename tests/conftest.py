@@ -84,11 +84,10 @@ def pretrained_model_dir() -> Path:
     out = Path(__file__).resolve().parents[1] / ".cache" / "test-models" / f"tiny-add-seed0-{digest}"
     INFO_FILE, make_tiny_model = models.INFO_FILE, models.make_tiny_model
     if not (out / INFO_FILE).is_file():
-        import fcntl
+        from grpo_dist.util.files import locked
 
         out.parent.mkdir(parents=True, exist_ok=True)
-        with open(out.parent / f".{out.name}.lock", "w") as lock:  # pytest-xdist: one worker builds, the other waits
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with locked(out.parent / f".{out.name}.lock"):  # pytest-xdist: one worker builds, the other waits
             if not (out / INFO_FILE).is_file():
                 make_tiny_model(str(out), size="tiny", seed=0, pretrain_task="add", log=None)
     return out

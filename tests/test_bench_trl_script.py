@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+from scripts import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "trl_compare.py")
@@ -16,10 +16,7 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "trl_compare.py")
 
 @pytest.fixture(scope="module")
 def tc():
-    spec = importlib.util.spec_from_file_location("trl_compare", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT)
 
 
 def test_help_runs():

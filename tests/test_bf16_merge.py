@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import torch
+from scripts import load_script
 
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "bf16_merge.py")
 
 
 def _mod():
-    spec = importlib.util.spec_from_file_location("bf16_merge", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT)
 
 
 def test_a_delta_below_half_the_spacing_is_rounded_away_and_one_above_it_survives():

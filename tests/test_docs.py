@@ -1,22 +1,19 @@
 """The documentation site: the generated configuration reference covers every config key, and the
 strict build fails on a broken link or anchor (so `make docs`, which `make test` runs, catches one)."""
 
-import importlib.util
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _hook():
-    spec = importlib.util.spec_from_file_location("config_ref", ROOT / "docs" / "hooks" / "config_ref.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "docs" / "hooks" / "config_ref.py")
 
 
 def test_config_reference_has_every_key_with_its_description():
@@ -83,9 +80,7 @@ def test_readme_links_reach_a_page_and_its_heading():
 
 
 def test_prose_placeholders_stay_text_and_code_is_untouched():
-    spec = importlib.util.spec_from_file_location("placeholders", ROOT / "docs" / "hooks" / "placeholders.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script(ROOT / "docs" / "hooks" / "placeholders.py")
     md = "| hf:<name> for a hub dataset | `hf:<name>` |\n```\nls <dir>\n```\ndefault <output_dir>/checkpoints\n"
     assert mod.escape_placeholders(md) == ("| hf:&lt;name&gt; for a hub dataset | `hf:<name>` |\n```\nls <dir>\n```\n"
                                           "default &lt;output_dir&gt;/checkpoints\n")

