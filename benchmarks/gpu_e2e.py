@@ -64,7 +64,8 @@ METRICS = [("s_per_step", "timing/step", "mean"), ("generate", "timing/generate"
            ("logprob_diff_max", "train/logprob_diff_behaviour_max", "max"), ("other", "timing/other", "mean")]
 MEMORY = ["peak_gib_learner", "peak_gib_rollout", "peak_gib_reward"]
 # startup: seconds from the command to the start of its first step (cold or warm: what ran before it on the machine)
-COLUMNS = [c for c, _, _ in METRICS] + ["startup"] + MEMORY
+# startup_engine / startup_learner: the slowest engine's start and learner's set-up inside it (summary.json)
+COLUMNS = [c for c, _, _ in METRICS] + ["startup", "startup_engine", "startup_learner"] + MEMORY
 SUBSTITUTED = {  # what the dry run runs instead of the GPU setting
     "colocated": "layout colocated on CPU: vLLM's CPU build has no sleep mode, so the engine never sleeps "
                  "(sleep/wake n/a)",
@@ -132,6 +133,14 @@ def history_of(out: str) -> list[dict[str, float]]:
         return json.load(f)["run"]["history"]
 
 
+def summary_of(out: str) -> dict[str, Any]:
+    path = os.path.join(out, "summary.json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
 def row_of(history: list[dict[str, float]], skip: int, sleeps: bool) -> dict[str, Any]:
     timed = history[skip:] or history
     row: dict[str, Any] = {}
@@ -170,13 +179,16 @@ def run_one(model_name: str, setting: str, args, extra: list[str], gpus: int, lo
     row.update({f"peak_gib_{r}": peaks[r] for r in e2e_parts.ROLES})
     if rc != 0:
         print(f"[gpu_e2e] {model_name} / {setting}: grpo-dist train failed: {rc}", flush=True)
-        row.update({c: None for c, _, _ in METRICS}, startup=None, not_applicable=[])
+        row.update({c: None for c, _, _ in METRICS}, startup=None, startup_engine=None, startup_learner=None,
+                   not_applicable=[])
         return row
     history = history_of(out)
     row.update(row_of(history, args.skip, sleeps=setting == "colocated" and not dry))
     if setting == "collective":  # its own push: sync/learner_seconds, not the payload transports' two clocks
         row["not_applicable"] = list(row["not_applicable"]) + ["sync_publish", "sync_transfer"]
     row["startup"] = first.startup_s(history[0].get("timing/step") if history else None)
+    start = summary_of(out).get("startup", {})
+    row["startup_engine"], row["startup_learner"] = start.get("startup/engine_s"), start.get("startup/learner_s")
     if not dry:  # the reward actor holds no GPU memory: nvidia-smi lists no process of it (H100, 2026-11-26)
         row["not_applicable"] = list(row["not_applicable"]) + ["peak_gib_reward"]
     print(f"[gpu_e2e] {model_name} / {setting}: {row['s_per_step']:.3f} s/step, wall {wall:.0f} s", flush=True)

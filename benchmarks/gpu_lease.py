@@ -33,6 +33,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import platform
 import shutil
 import signal
@@ -77,18 +78,20 @@ class Row:
 LEARNER_FAST = ["--learner.packing", "group", "--learner.gradient_checkpointing", "false"]
 PLANS: dict[str, list[Row]] = {  # one setting per row: gpu_e2e writes its table when all its runs are done
     # Qwen2-0.5B's shape (random weights, built there): no model to send, so the lease's first call has the most time
+    # Measured on an H200 (2026-11-27): a row's start-up is 110-145 s, a cold LoRA engine's over 160 s (vLLM
+    # compiles, then captures twice the CUDA graphs); the first row gets the cold start's time
     "first": [
-        Row("lora_packed_qwen2", ["--models", "qwen2-0.5b", "--settings", "lora", "--steps", "5", *LEARNER_FAST],
-            200),
-        Row("disagg_qwen2", ["--models", "qwen2-0.5b", "--settings", "disagg", "--steps", "4"], 170),
+        Row("lora_packed_qwen2", ["--models", "qwen2-0.5b", "--settings", "lora", "--steps", "4", *LEARNER_FAST],
+            290),
+        Row("disagg_qwen2", ["--models", "qwen2-0.5b", "--settings", "disagg", "--steps", "4"], 200),
         Row("colocated_qwen2", ["--models", "qwen2-0.5b", "--settings", "colocated", "--steps", "4"], 200),
-        Row("warm_start_qwen2", ["--models", "qwen2-0.5b", "--settings", "lora", "--steps", "3", *LEARNER_FAST],
-            150),
     ],
-    # the real-weight rows and TRL: SmolLM2's parts (gpu_lease.py stage prints them) must have been sent
+    # the warm rerun, the real-weight rows and TRL: SmolLM2's parts (gpu_lease.py stage prints them) must be there
     "spare": [
-        Row("full_smollm2", ["--models", "smollm2", "--settings", "disagg", "--steps", "4"], 170),
-        Row("lora_smollm2", ["--models", "smollm2", "--settings", "lora", "--steps", "4"], 170),
+        Row("warm_start_qwen2", ["--models", "qwen2-0.5b", "--settings", "lora", "--steps", "3", *LEARNER_FAST],
+            200),
+        Row("full_smollm2", ["--models", "smollm2", "--settings", "disagg", "--steps", "4"], 200),
+        Row("lora_smollm2", ["--models", "smollm2", "--settings", "lora", "--steps", "4"], 200),
         Row("trl_smollm2", ["--models", "smollm2", "--settings", "colocated", "--steps", "4"], 420, trl=True),
         Row("collective_qwen2", ["--models", "qwen2-0.5b", "--settings", "collective", "--steps", "4"], 200),
     ],
@@ -246,15 +249,51 @@ def run_row(row: Row, out: str, env: dict[str, str], deadline: float, log) -> di
     if os.path.isfile(doc_path):
         with open(doc_path) as f:
             rec["table"] = json.load(f)
+    if not row.cmd:  # a killed row's finished steps, and every row's start-up lines
+        rec.update(partial_of(os.path.join(out, "runs", row.name)))
     log(f"row {row.name}: {status} in {rec['wall_s']:.0f} s")
     return rec
 
 
+NOISE = re.compile(r"logging\.cc:|^\s+@ |SIGTERM received|Capturing CUDA graphs|^\s*$")  # Ray's stack dumps on a kill
+
+
 def _tail(path: str, n: int) -> str:
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        f.seek(max(0, f.tell() - n))
-        return f.read().decode("utf-8", "replace")
+    """The last ``n`` characters of the log's lines that say something (a killed row's Ray processes
+    print a stack dump each: 7 KB of them hid why the row was slow)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = [ln for ln in f.read().splitlines() if not NOISE.search(ln)]
+    return "\n".join(lines)[-n:]
+
+
+# a killed row's steps, from its run's metrics.jsonl: (column, metric), means over the steps after the first
+PARTIAL = [("s_per_step", "timing/step"), ("generate", "timing/generate"), ("update", "timing/learn_update"),
+           ("reference", "timing/learn_ref_old"), ("sync", "timing/sync"), ("sync_publish", "timing/sync_publish"),
+           ("sync_transfer", "timing/sync_transfer"), ("tokens_per_s", "perf/tokens_per_s"), ("mfu", "perf/mfu"),
+           ("learner_tflops", "perf/learner_tflops")]
+# what vLLM and the run say about their start-up, kept from each row's logs
+STARTUP_LINE = re.compile(r"actors ready in|took [0-9.]+ ?s|takes [0-9.]+ ?s|finished in [0-9.]+ ?s|"
+                          r"[0-9.]+ seconds|compil", re.IGNORECASE)
+
+
+def partial_of(run_dir: str) -> dict[str, Any]:
+    """The steps a row finished before it was killed (its table is written only at the end), and its
+    start-up lines."""
+    out: dict[str, Any] = {}
+    for metrics in glob.glob(os.path.join(run_dir, "*", "metrics.jsonl")):
+        with open(metrics) as f:
+            steps = [json.loads(ln) for ln in f if ln.strip()]
+        timed = steps[1:] or steps
+        out["steps"] = len(steps)
+        out["means"] = {c: sum(s[k] for s in timed if k in s) / max(1, sum(k in s for s in timed))
+                        for c, k in PARTIAL if any(k in s for s in timed)}
+    lines = []
+    for log in glob.glob(os.path.join(run_dir, "*", "workers.log")):
+        with open(log, encoding="utf-8", errors="replace") as f:
+            lines += [ln.strip()[:300] for ln in f if STARTUP_LINE.search(ln) and not NOISE.search(ln)]
+    if lines:
+        out["startup_lines"] = lines[-40:]
+    return out
 
 
 def stop_session(proc: subprocess.Popen) -> None:
@@ -276,17 +315,25 @@ def _rows_of(rec: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _find(records: list[dict[str, Any]], name: str, model: str, setting: str) -> Optional[dict[str, Any]]:
+    """The row's table entry; for a row killed after 2 or more steps, the means of its steps (``partial``)."""
     for rec in records:
         if rec["name"] == name:
-            return next((r for r in _rows_of(rec) if r["model"] == model and r["setting"] == setting and r["rc"] == 0),
+            done = next((r for r in _rows_of(rec) if r["model"] == model and r["setting"] == setting and r["rc"] == 0),
                         None)
+            if done is None and rec.get("steps", 0) >= 2:
+                return {**rec["means"], "partial": True}
+            return done
     return None
 
 
 def targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each target beside its figure (None where no row measured it)."""
+    """Each target beside its figure (None where no row measured it; ``partial``: from a killed row's steps)."""
+    partial: set[str] = set()
+
     def col(rec_name, model, setting, c):
         r = _find(records, rec_name, model, setting)
+        if r is not None and r.get("partial") and r.get(c) is not None:
+            partial.add(rec_name)
         return None if r is None else r.get(c)
 
     ratio = None
@@ -297,6 +344,9 @@ def targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             ratio = lora / full
             break
     trl = next((rec.get("table", {}).get("trl") for rec in records if rec["name"] == "trl_smollm2"), None) or {}
+    used = {"lora_generate_vs_full": {"disagg_qwen2", "lora_packed_qwen2", "full_smollm2", "lora_smollm2"},
+            "colocated_sync_s": {"colocated_qwen2"}, "learner_mfu_lora": {"lora_packed_qwen2"},
+            "warm_startup_s": {"warm_start_qwen2"}, "vs_trl_steps_per_s": set()}
     figures = {
         "lora_generate_vs_full": ratio,
         "colocated_sync_s": col("colocated_qwen2", "qwen2-0.5b", "colocated", "sync"),
@@ -308,7 +358,8 @@ def targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for name, how, bound, kind in TARGETS:
         v = figures[name]
         met = None if v is None else (v <= bound if kind == "max" else v >= bound)
-        out.append({"target": name, "how": how, "bound": bound, "kind": kind, "figure": v, "met": met})
+        out.append({"target": name, "how": how, "bound": bound, "kind": kind, "figure": v, "met": met,
+                    "partial": sorted(used[name] & partial) if v is not None else []})
     return out
 
 

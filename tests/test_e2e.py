@@ -251,6 +251,9 @@ def test_summary_reports_peak_memory_per_role_and_metrics_per_step(run):
     peak = summary["peak_rss_gib"]
     assert set(peak) == {"learner", "rollout", "reward", "driver"}
     assert all(0.05 < v < 16 for v in peak.values()), peak
+    start = summary["startup"]  # where the actors' start-up went: the set-ups overlap inside the total
+    assert 0 < start["startup/engine_s"] <= start["startup/actors_s"], start
+    assert 0 < start["startup/learner_s"] <= start["startup/actors_s"], start
     hosts = summary["hosts"]  # one machine: every role on the driver's node, one address per actor
     assert {r: len(ips) for r, ips in hosts.items()} == {"driver": 1, "learner": trainer.cfg.learner.num_learners,
                                                          "rollout": trainer.cfg.rollout.num_workers,

@@ -31,7 +31,7 @@ def _script():
 def _check_table(doc: dict, settings: set[str], models: set[str]) -> None:
     cols = doc["columns"]
     assert {"s_per_step", "generate", "reference", "update", "sync", "sleep", "wake", "tokens_per_s", "mfu",
-            "learner_tflops", "logprob_diff_max", "startup", "other", "sync_publish", "sync_transfer", "peak_gib_learner", "peak_gib_rollout", "peak_gib_reward"} <= set(cols)
+            "learner_tflops", "logprob_diff_max", "startup", "startup_engine", "startup_learner", "other", "sync_publish", "sync_transfer", "peak_gib_learner", "peak_gib_rollout", "peak_gib_reward"} <= set(cols)
     assert {r["setting"] for r in doc["rows"]} == settings and {r["model"] for r in doc["rows"]} == models
     for r in doc["rows"]:
         assert r["rc"] == 0, r
@@ -40,6 +40,7 @@ def _check_table(doc: dict, settings: set[str], models: set[str]) -> None:
                 assert isinstance(r[c], float) and math.isfinite(r[c]), (r["setting"], c, r[c])
         assert r["s_per_step"] > 0 and r["tokens_per_s"] > 0 and 0 < r["mfu"] and r["peak_gib_rollout"] > 0
         assert 0 < r["startup"] < r["wall_s"], (r["startup"], r["wall_s"])
+        assert 0 < r["startup_engine"] < r["startup"] and 0 < r["startup_learner"] < r["startup"], r
     assert doc["problems"] == []
 
 

@@ -108,3 +108,33 @@ def test_each_target_is_read_from_its_row_and_set_beside_its_bound():
     got = {t["target"]: (t["figure"], t["met"]) for t in mod.targets(records)}
     assert got == {"lora_generate_vs_full": (1.5, False), "colocated_sync_s": (0.4, True),
                    "learner_mfu_lora": (0.12, False), "warm_startup_s": (None, None), "vs_trl_steps_per_s": (None, None)}
+
+
+def test_a_killed_rows_finished_steps_and_start_up_lines_are_kept(tmp_path):
+    """A row killed after some steps has no table (gpu_e2e writes it at the end): the lease keeps the
+    means of its steps after the first from its run's metrics.jsonl, a target reads them marked
+    ``partial``, and the log's tail leaves out Ray's stack dumps (an H200 lease, 2026-11-27: every
+    row's 6 KB tail was SIGTERM frames)."""
+    mod = _lease()
+    run = tmp_path / "runs" / "disagg_qwen2" / "qwen2-0.5b-disagg"
+    run.mkdir(parents=True)
+    steps = [{"timing/generate": 1.6, "timing/sync": 8.8}, {"timing/generate": 1.2, "timing/sync": 6.9},
+             {"timing/generate": 1.0, "timing/sync": 5.9}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    (run / "workers.log").write_text("(EngineCore) init engine (profile, create kv cache, warmup model) took 31.2 s\n"
+                                     "(EngineCore) Capturing CUDA graphs: 50%\nnothing to see\n")
+    part = mod.partial_of(str(tmp_path / "runs" / "disagg_qwen2"))
+    assert part["steps"] == 3 and part["means"] == {"generate": 1.1, "sync": 6.4}
+    assert part["startup_lines"] == ["(EngineCore) init engine (profile, create kv cache, warmup model) took 31.2 s"]
+    lora = {"name": "lora_packed_qwen2", "status": "done",
+            "table": {"rows": [dict(model="qwen2-0.5b", setting="lora", rc=0, generate=1.0, mfu=0.02)]}}
+    killed = {"name": "disagg_qwen2", "status": "killed after 170 s", **part}
+    got = {t["target"]: t for t in mod.targets([lora, killed])}
+    assert abs(got["lora_generate_vs_full"]["figure"] - 1.0 / 1.1) < 1e-9
+    assert got["lora_generate_vs_full"]["partial"] == ["disagg_qwen2"] and got["learner_mfu_lora"]["partial"] == []
+    one_step = {"name": "disagg_qwen2", "status": "killed", "steps": 1, "means": {"generate": 1.6}}
+    assert {t["target"]: t["figure"] for t in mod.targets([lora, one_step])}["lora_generate_vs_full"] is None
+    log = tmp_path / "row.log"
+    log.write_text("actors ready in 111 s\n[2026 E 1 1] logging.cc:474: *** SIGTERM received ***\n"
+                   "    @     0x7fa3  (unknown)  _start\n")
+    assert mod._tail(str(log), 1000) == "actors ready in 111 s"

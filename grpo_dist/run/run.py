@@ -33,7 +33,7 @@ from grpo_dist.run.inputs import resolve_inputs
 from grpo_dist.run.outputs import (resolve_outputs, resume_command, resume_hint, write_metrics, write_run_files,
                                    write_summary)
 from grpo_dist.run.prepare import make_monitor
-from grpo_dist.run.workers import Workers, start_workers
+from grpo_dist.run.workers import Workers, start_workers, startup_times
 from grpo_dist.sync.factory import make_weight_sync
 
 
@@ -60,6 +60,7 @@ class Run:
         self.history: list[dict[str, float]] = []  # per-step metrics since step 1 (kept across resume)
         self.before: dict | None = None  # evaluation before training (kept across resume)
         self.info: dict[str, Any] = {}
+        self.startup: dict[str, float] = {}  # startup/*: where this segment's actor start-up went
         self._t0 = time.perf_counter()
         self._wall_before, self._segments = 0.0, 1  # earlier segments of a resumed run (their checkpointed time)
         self._resume_point: dict | None = None  # the prompt stream before the current step's prompts
@@ -90,7 +91,8 @@ class Run:
             print(line, flush=True)
         t0 = time.perf_counter()
         self.workers, self.info = start_workers(cfg)
-        print(f"actors ready in {time.perf_counter() - t0:.0f} s", flush=True)
+        self.startup, line = startup_times(self.info, time.perf_counter() - t0)
+        print(line, flush=True)
         w = self.workers
         self.sync = make_weight_sync(cfg)
         self.recovery = Recovery(cfg, w, on_replace=self.sync.on_replace)
@@ -249,6 +251,7 @@ class Run:
                                 reward_failures=watch.report(),
                                 extra={"wall_seconds_this_segment": time.perf_counter() - self._t0,
                                        "segments": self._segments, "peak_rss_gib": memory, "hosts": hosts,
+                                       "startup": self.startup,
                                        **({"stopped": self.stopped} if self.stopped else {}),
                                        **wandb_segments(cfg)})
         sets = {f"eval/{name}/{k}": v for name, one in summary.get("eval_sets", {}).items() for k, v in one.items()

@@ -155,3 +155,20 @@ def start_workers(cfg: Config) -> tuple[Workers, dict]:
         placement.remove()
         raise
     return workers, info
+
+
+def startup_times(info: dict, total_s: float) -> tuple[dict[str, float], str]:
+    """Where the actors' start-up went, from ``start_workers``' ``info``: the slowest engine's start
+    (vLLM: load, compile, CUDA graphs, KV cache), the slowest learner rank's set-up (process group,
+    model, DeepSpeed), and the rest (placement, Ray starting the actors' processes, their imports),
+    which the set-ups overlap. Returns ``startup/*`` seconds and the line the run prints."""
+    engine = max((float(r.get("startup_s", 0.0)) for r in info.get("rollout", [])), default=0.0)
+    learners = info.get("learner", [])
+    learner = max((float(r.get("timing/setup", 0.0)) for r in learners), default=0.0)
+    dist = max((float(r.get("timing/init_distributed", 0.0)) for r in learners), default=0.0)
+    times = {"startup/actors_s": total_s, "startup/engine_s": engine, "startup/learner_s": learner,
+             "startup/learner_process_group_s": dist, "startup/other_s": max(0.0, total_s - max(engine, learner))}
+    line = (f"actors ready in {total_s:.0f} s: engine start {engine:.0f} s (slowest of {len(info.get('rollout', []))}), "
+            f"learner set-up {learner:.0f} s (process group {dist:.0f} s), "
+            f"before them {times['startup/other_s']:.0f} s (placement, actor processes, imports)")
+    return times, line
