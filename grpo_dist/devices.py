@@ -121,6 +121,14 @@ def engine_dtype(cfg: Config) -> tuple[str, str]:
     return cfg.model.dtype, "model.dtype"
 
 
+def trainable_dtype(cfg: Config) -> str:
+    """The dtype the learner trains in: float32 for a LoRA adapter with ``lora.dtype: float32`` (its
+    weights, gradients and Adam state; the frozen base keeps ``model.dtype``), else ``model.dtype``."""
+    if cfg.lora.enabled and cfg.lora.dtype == "float32":
+        return "float32"
+    return cfg.model.dtype
+
+
 def choices(cfg: Config) -> list[str]:
     """The defaults chosen for this machine and config, one line each, printed at start."""
     mode, why = adapter_mode(cfg)
@@ -128,6 +136,10 @@ def choices(cfg: Config) -> list[str]:
     dtype, why = engine_dtype(cfg)
     if why.startswith("auto"):
         lines.append(f"rollout.dtype -> {dtype}: {why}")
+    if cfg.lora.enabled and cfg.model.dtype in ("bfloat16", "float16") and cfg.lora.dtype == "float32":
+        lines.append(f"lora.dtype -> float32: the adapter's weights, gradients and Adam state in float32 on the "
+                     f"{cfg.model.dtype} base (whose layers compute in {cfg.model.dtype}); lora.dtype: model for "
+                     f"DeepSpeed's {cfg.model.dtype} mode")
     if cfg.trainer._auto_staleness:
         lines.append(cfg.trainer._auto_staleness)
     return lines

@@ -439,3 +439,28 @@ def test_peak_table_and_cpu_roof():
     assert {n: perf.gpu_peak_tflops(n) for n in names} == names
     roof = perf.matmul_roof(torch.float32)
     assert roof > 1e9 and perf.matmul_roof(torch.float32) == roof  # measured once per process
+
+
+@pytest.mark.parametrize("lora_dtype", ["float32", "model"])
+def test_a_bf16_base_trains_its_adapter_in_the_dtype_lora_dtype_names(tiny_model_dir, lora_dtype):
+    """``lora.dtype: float32`` (the default): on a bf16 base the adapter's weights, gradients and Adam
+    state are float32 and DeepSpeed runs its plain fp32 path (the frozen base stays bf16); ``model``:
+    DeepSpeed's bf16 mode (bf16 weights in the forward, fp32 master copies, bf16 gradient accumulation).
+    Both train, and take the same first step up to bf16 rounding."""
+    cfg = make_cfg(tiny_model_dir, lora=dict(dtype=lora_dtype))
+    cfg.model.dtype = "bfloat16"
+    learner, _ = make_learner(cfg)
+    module = learner.policy.module
+    trainable = {q.dtype for q in module.parameters() if q.requires_grad}
+    frozen = {q.dtype for q in module.parameters() if not q.requires_grad}
+    wrapper = type(learner.engine.optimizer).__name__
+    assert frozen == {torch.bfloat16}
+    if lora_dtype == "float32":
+        assert trainable == {torch.float32} and wrapper != "FP16_UnfusedOptimizer", (trainable, wrapper)
+    else:
+        assert trainable == {torch.bfloat16} and wrapper == "FP16_UnfusedOptimizer", (trainable, wrapper)
+    m = learner.train_step(make_batch(8, seed=1, advantages=[2.0] * 8))
+    assert m["train/loss"] == pytest.approx(-2.0, abs=1e-6) and m["train/grad_norm"] > 0
+    up = learner.export_update()
+    assert any(float(t.float().abs().max()) > 0 for k, t in up.tensors.items() if "lora_B" in k)
+    assert {t.dtype for t in up.tensors.values()} == trainable

@@ -258,6 +258,11 @@ def test_a_merging_engine_keeps_float32_weights_beside_a_bf16_learner():
         "bfloat16"  # GPUs: bf16 by default, the adapter served by vLLM's LoRA kernels
     fp32 = load_config(None, [])
     assert engine_dtype(fp32) == ("float32", "model.dtype") and not any("rollout.dtype" in x for x in choices(fp32))
+    # the learner's adapter: float32 on a 16-bit base unless lora.dtype says model (said at start)
+    assert any(x.startswith("lora.dtype -> float32: the adapter's weights") for x in choices(bf16))
+    assert not any(x.startswith("lora.dtype") for x in choices(fp32))
+    assert not any(x.startswith("lora.dtype") for x in choices(load_config(None, ["--model.dtype", "bfloat16",
+                                                                                   "--lora.dtype", "model"])))
 
 
 @pytest.mark.parametrize("overrides, k, words", [

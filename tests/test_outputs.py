@@ -93,6 +93,8 @@ def test_a_resume_that_changes_what_the_checkpoint_holds_is_refused_and_writes_n
              ({"lora": {"target_modules": ["v_proj", "q_proj"]}},
               "lora.target_modules ([q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj], now [v_proj, q_proj])"),
              ({"lora": {"enabled": False}}, "lora.enabled (true, now false)"),
+             ({"model": {"dtype": "bfloat16"}, "lora": {"dtype": "model"}},  # DeepSpeed's bf16 optimizer state
+              "model.dtype / lora.dtype (float32, now bfloat16)"),
              ({"model": {"path": str(tmp_path)}}, f"model.path ({tiny_model_dir}, now {tmp_path})")]
     for change, words in cases:
         over = {**base, **change, "model": {**base["model"], **change.get("model", {})},
@@ -190,3 +192,18 @@ def test_full_weights_on_a_shared_dir_check_output_dir_where_the_run_resolves_it
     load_config(None, over)
     with pytest.raises(ConfigError, match=r"^output_dir: full-weight"):
         load_config(None, dict(over, output_dir="../elsewhere"))
+
+
+def test_startup_times_name_the_slowest_engine_and_learner_and_the_rest():
+    """The start-up line and ``startup/*``: the set-ups overlap, so the rest is the total past the slower."""
+    from grpo_dist.run.workers import startup_times
+
+    info = {"rollout": [{"startup_s": 80.0}, {"startup_s": 95.0}],
+            "learner": [{"timing/setup": 40.0, "timing/init_distributed": 2.0}, {"timing/setup": 42.0,
+                                                                                  "timing/init_distributed": 3.0}],
+            "reward": [["correctness"]]}
+    times, line = startup_times(info, 120.0)
+    assert times == {"startup/actors_s": 120.0, "startup/engine_s": 95.0, "startup/learner_s": 42.0,
+                     "startup/learner_process_group_s": 3.0, "startup/other_s": 25.0}
+    assert line.startswith("actors ready in 120 s: engine start 95 s (slowest of 2), learner set-up 42 s")
+    assert startup_times({}, 5.0)[0]["startup/other_s"] == 5.0  # no set-up info: all of it is the rest

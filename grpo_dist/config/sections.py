@@ -42,6 +42,10 @@ class LoraConfig(Section):
     target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         description="Module names that get LoRA.")
+    dtype: Literal["float32", "model"] = Field(
+        "float32", description="The adapter's weights, gradients and optimizer state in the learner: float32 (a "
+        "bf16/fp16 base still computes its own layers in its dtype; PEFT's default) or model (the model's dtype: "
+        "DeepSpeed's bf16/fp16 mode, fp32 master copies, gradients accumulated in the model's dtype).")
 
 
 class DataConfig(Section):

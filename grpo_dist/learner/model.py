@@ -17,7 +17,7 @@ import torch
 
 from grpo_dist.algo import entropy_from_logits, selective_log_softmax
 from grpo_dist.config import Config
-from grpo_dist.devices import learner_on_gpu
+from grpo_dist.devices import learner_on_gpu, trainable_dtype
 
 from . import group_attention
 from .batching import Collated, gather_completion
@@ -82,6 +82,10 @@ class PolicyModel:
             lcfg = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
                               target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM")
             model = get_peft_model(model, lcfg)
+            dtype = getattr(torch, trainable_dtype(cfg))
+            for q in model.parameters():  # lora.dtype float32: PEFT's upcast, made explicit (and undone for model)
+                if q.requires_grad:
+                    q.data = q.data.to(dtype)
         needs_copy = cfg.algo.beta > 0 and cfg.algo.kl_reference == "ref"
         reference = Reference(model, lora=cfg.lora.enabled, needs_copy=needs_copy, device=device)
         params = [p for p in model.parameters() if p.requires_grad]

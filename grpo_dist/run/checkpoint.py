@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_dist.config import Config, ConfigError
+from grpo_dist.devices import trainable_dtype
 from grpo_dist.util.files import read_tree, write_tree
 
 STATE_FILE = "trainer_state.json"
@@ -133,12 +134,17 @@ def _model_path(path: str) -> str:
     return str(p.resolve()) if p.exists() else path  # a hub id stays as it is
 
 
+TRAINS_IN = "model.dtype / lora.dtype"  # recorded as the dtype they resolve to (devices.trainable_dtype)
+
+
 def holds(cfg: Config) -> dict[str, Any]:
     """The config values a checkpoint's weights are made for: a resume must keep them."""
     out: dict[str, Any] = {"model.path": _model_path(cfg.model.path), "lora.enabled": cfg.lora.enabled}
     if cfg.lora.enabled:
         out.update({"lora.r": cfg.lora.r, "lora.alpha": cfg.lora.alpha,
                     "lora.target_modules": list(cfg.lora.target_modules)})
+    # the dtype the weights train in (DeepSpeed's optimizer state differs between its 16-bit and fp32 paths)
+    out[TRAINS_IN] = trainable_dtype(cfg)
     return out
 
 
