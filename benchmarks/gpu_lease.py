@@ -33,7 +33,6 @@ import argparse
 import glob
 import json
 import os
-import re
 import platform
 import shutil
 import signal
@@ -46,6 +45,10 @@ from typing import Any, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+from lease_results import partial_of, tail, targets  # noqa: E402
 E2E = os.path.join(HERE, "gpu_e2e.py")
 SHARED_GPU = os.path.join(os.path.dirname(ROOT), "shared", "gpu")
 STAGE_DIR = ".gpu-stage"
@@ -76,6 +79,7 @@ class Row:
 # (rollout.enforce_eager null -> false), LoRA is served by vLLM's LoRA kernels (adapter_mode auto -> lora,
 # max_lora_rank the adapter's rank, max_loras 1).
 LEARNER_FAST = ["--learner.packing", "group", "--learner.gradient_checkpointing", "false"]
+LONG_STEP = ["--rollout.max_tokens", "512", "--model.max_model_len", "640", "--learner.micro_batch_size", "128"]
 PLANS: dict[str, list[Row]] = {  # one setting per row: gpu_e2e writes its table when all its runs are done
     # Qwen2-0.5B's shape (random weights, built there): no model to send, so the lease's first call has the most time
     # Measured on an H200 (2026-11-27): a row's start-up is 110-145 s, a cold LoRA engine's over 160 s (vLLM
@@ -90,6 +94,10 @@ PLANS: dict[str, list[Row]] = {  # one setting per row: gpu_e2e writes its table
     "spare": [
         Row("warm_start_qwen2", ["--models", "qwen2-0.5b", "--settings", "lora", "--steps", "3", *LEARNER_FAST],
             200),
+        # MFU against the step's size: the table's 22k-token step measured 2.5% (H200); 4x the tokens, one
+        # packed row per 128 sequences
+        Row("mfu_long_qwen2", ["--models", "qwen2-0.5b", "--settings", "lora", "--steps", "3", *LEARNER_FAST,
+                               *LONG_STEP], 240),
         Row("full_smollm2", ["--models", "smollm2", "--settings", "disagg", "--steps", "4"], 200),
         Row("lora_smollm2", ["--models", "smollm2", "--settings", "lora", "--steps", "4"], 200),
         Row("trl_smollm2", ["--models", "smollm2", "--settings", "colocated", "--steps", "4"], 420, trl=True),
@@ -97,18 +105,6 @@ PLANS: dict[str, list[Row]] = {  # one setting per row: gpu_e2e writes its table
     ],
     "dry": [Row("dry_run", ["--dry-run"], 1500)],  # 150-320 s on 2 cores, more under load
 }
-
-
-# (target, how it is read from the rows, the bound, "max" = the figure must not exceed it)
-TARGETS = [
-    ("lora_generate_vs_full", "generate of lora / generate of disagg, same model (qwen2-0.5b, else smollm2)", 1.2,
-     "max"),
-    ("colocated_sync_s", "sync of colocated (qwen2-0.5b)", 0.5, "max"),
-    ("learner_mfu_lora", "mfu of lora (qwen2-0.5b, packed, no checkpointing)", 0.20, "min"),
-    ("warm_startup_s", "startup of the warm rerun (qwen2-0.5b lora)", 40.0, "max"),
-    ("vs_trl_steps_per_s", "grpo_dist colocated / TRL colocated, steps per second, same workload (smollm2)", 1.5,
-     "min"),
-]
 
 
 # ------------------------------------------------------------------------------ stage (here)
@@ -245,7 +241,7 @@ def run_row(row: Row, out: str, env: dict[str, str], deadline: float, log) -> di
             status = f"killed after {limit:.0f} s"
             stop_session(proc)
     rec.update(status=status, wall_s=round(time.monotonic() - t0, 1), log=os.path.relpath(log_path, out),
-               log_tail=_tail(log_path, LOG_TAIL_CHARS))
+               log_tail=tail(log_path, LOG_TAIL_CHARS))
     if os.path.isfile(doc_path):
         with open(doc_path) as f:
             rec["table"] = json.load(f)
@@ -253,47 +249,6 @@ def run_row(row: Row, out: str, env: dict[str, str], deadline: float, log) -> di
         rec.update(partial_of(os.path.join(out, "runs", row.name)))
     log(f"row {row.name}: {status} in {rec['wall_s']:.0f} s")
     return rec
-
-
-NOISE = re.compile(r"logging\.cc:|^\s+@ |SIGTERM received|Capturing CUDA graphs|^\s*$")  # Ray's stack dumps on a kill
-
-
-def _tail(path: str, n: int) -> str:
-    """The last ``n`` characters of the log's lines that say something (a killed row's Ray processes
-    print a stack dump each: 7 KB of them hid why the row was slow)."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        lines = [ln for ln in f.read().splitlines() if not NOISE.search(ln)]
-    return "\n".join(lines)[-n:]
-
-
-# a killed row's steps, from its run's metrics.jsonl: (column, metric), means over the steps after the first
-PARTIAL = [("s_per_step", "timing/step"), ("generate", "timing/generate"), ("update", "timing/learn_update"),
-           ("reference", "timing/learn_ref_old"), ("sync", "timing/sync"), ("sync_publish", "timing/sync_publish"),
-           ("sync_transfer", "timing/sync_transfer"), ("tokens_per_s", "perf/tokens_per_s"), ("mfu", "perf/mfu"),
-           ("learner_tflops", "perf/learner_tflops")]
-# what vLLM and the run say about their start-up, kept from each row's logs
-STARTUP_LINE = re.compile(r"actors ready in|took [0-9.]+ ?s|takes [0-9.]+ ?s|finished in [0-9.]+ ?s|"
-                          r"[0-9.]+ seconds|compil", re.IGNORECASE)
-
-
-def partial_of(run_dir: str) -> dict[str, Any]:
-    """The steps a row finished before it was killed (its table is written only at the end), and its
-    start-up lines."""
-    out: dict[str, Any] = {}
-    for metrics in glob.glob(os.path.join(run_dir, "*", "metrics.jsonl")):
-        with open(metrics) as f:
-            steps = [json.loads(ln) for ln in f if ln.strip()]
-        timed = steps[1:] or steps
-        out["steps"] = len(steps)
-        out["means"] = {c: sum(s[k] for s in timed if k in s) / max(1, sum(k in s for s in timed))
-                        for c, k in PARTIAL if any(k in s for s in timed)}
-    lines = []
-    for log in glob.glob(os.path.join(run_dir, "*", "workers.log")):
-        with open(log, encoding="utf-8", errors="replace") as f:
-            lines += [ln.strip()[:300] for ln in f if STARTUP_LINE.search(ln) and not NOISE.search(ln)]
-    if lines:
-        out["startup_lines"] = lines[-40:]
-    return out
 
 
 def stop_session(proc: subprocess.Popen) -> None:
@@ -308,59 +263,6 @@ def stop_session(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
-
-
-def _rows_of(rec: dict[str, Any]) -> list[dict[str, Any]]:
-    return list((rec.get("table") or {}).get("rows") or [])
-
-
-def _find(records: list[dict[str, Any]], name: str, model: str, setting: str) -> Optional[dict[str, Any]]:
-    """The row's table entry; for a row killed after 2 or more steps, the means of its steps (``partial``)."""
-    for rec in records:
-        if rec["name"] == name:
-            done = next((r for r in _rows_of(rec) if r["model"] == model and r["setting"] == setting and r["rc"] == 0),
-                        None)
-            if done is None and rec.get("steps", 0) >= 2:
-                return {**rec["means"], "partial": True}
-            return done
-    return None
-
-
-def targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each target beside its figure (None where no row measured it; ``partial``: from a killed row's steps)."""
-    partial: set[str] = set()
-
-    def col(rec_name, model, setting, c):
-        r = _find(records, rec_name, model, setting)
-        if r is not None and r.get("partial") and r.get(c) is not None:
-            partial.add(rec_name)
-        return None if r is None else r.get(c)
-
-    ratio = None
-    for model, full_row, lora_row in (("qwen2-0.5b", "disagg_qwen2", "lora_packed_qwen2"),
-                                      ("smollm2", "full_smollm2", "lora_smollm2")):
-        full, lora = col(full_row, model, "disagg", "generate"), col(lora_row, model, "lora", "generate")
-        if full and lora:
-            ratio = lora / full
-            break
-    trl = next((rec.get("table", {}).get("trl") for rec in records if rec["name"] == "trl_smollm2"), None) or {}
-    used = {"lora_generate_vs_full": {"disagg_qwen2", "lora_packed_qwen2", "full_smollm2", "lora_smollm2"},
-            "colocated_sync_s": {"colocated_qwen2"}, "learner_mfu_lora": {"lora_packed_qwen2"},
-            "warm_startup_s": {"warm_start_qwen2"}, "vs_trl_steps_per_s": set()}
-    figures = {
-        "lora_generate_vs_full": ratio,
-        "colocated_sync_s": col("colocated_qwen2", "qwen2-0.5b", "colocated", "sync"),
-        "learner_mfu_lora": col("lora_packed_qwen2", "qwen2-0.5b", "lora", "mfu"),
-        "warm_startup_s": col("warm_start_qwen2", "qwen2-0.5b", "lora", "startup"),
-        "vs_trl_steps_per_s": trl.get("ratio") if isinstance(trl, dict) else None,
-    }
-    out = []
-    for name, how, bound, kind in TARGETS:
-        v = figures[name]
-        met = None if v is None else (v <= bound if kind == "max" else v >= bound)
-        out.append({"target": name, "how": how, "bound": bound, "kind": kind, "figure": v, "met": met,
-                    "partial": sorted(used[name] & partial) if v is not None else []})
-    return out
 
 
 def run(args) -> int:
