@@ -42,7 +42,7 @@ def _training_sentences() -> set[str]:
         for fn in fns:
             texts += [fn(rng, word_problems.MAX[level])[0] for _ in range(400)]
     texts += [env_tasks._problem(rng)[0] for _ in range(3000)]
-    texts.append(word_problems.INSTRUCTION)
+    texts += [word_problems.INSTRUCTION, *word_problems.VARIED_INSTRUCTIONS]  # instruction=varied trains on these
     return _sentences(texts)
 
 
@@ -117,3 +117,28 @@ def test_tool_problems_ood_answers_and_range():
     top = max(int(x) for r in train for x in re.findall(r"[0-9]+", r.prompt) + [r.columns["answer"]])
     beyond = sum(max(int(x) for x in re.findall(r"[0-9]+", r.prompt) + [r.columns["answer"]]) > top for r in recs)
     assert beyond > 0.5 * len(recs), (beyond, top)
+
+
+def test_word_problems_mix_levels_and_vary_the_instruction_without_touching_the_held_out_split():
+    """``difficulty=1-3`` is the three levels' pools together (each level's held-out problems stay
+    held out); ``instruction=varied`` gives each problem one of four wordings, fixed by its text."""
+    load_prompts("builtin:word_problems?n=1")  # registers the task (sources imports it on first use)
+    task = get_task("word_problems")
+    mixed = task.pool("train", difficulty="1-3", instruction="varied")
+    plain = [p for d in (1, 2, 3) for p in task.pool("train", difficulty=d)]
+    assert [(a, m) for _, a, m in mixed] == [(a, m) for _, a, m in plain]
+
+    def split(prompt):  # (the problem, its instruction)
+        said = next(i for i in word_problems.VARIED_INSTRUCTIONS if prompt.endswith(" " + i))
+        return prompt[: -len(said) - 1], said
+
+    assert [split(p)[0] for p, _, _ in mixed] == [split(p)[0] for p, _, _ in plain]
+    said = Counter(split(p)[1] for p, _, _ in mixed)
+    assert len(said) == 4 and min(said.values()) > len(mixed) / 8, said
+    assert task.pool("train", difficulty="1-3", instruction="varied") == mixed  # deterministic
+    held = {split(p)[0] for p, _, _ in task.pool("eval", difficulty="1-3")}
+    assert held and not held & {split(p)[0] for p, _, _ in mixed}
+    for bad in ("0-2", "3-1", "x", "1-9"):
+        with pytest.raises(ValueError, match="difficulty must be one of"):
+            task.pool("train", difficulty=bad)
+

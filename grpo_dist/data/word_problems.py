@@ -10,7 +10,11 @@ The difficulty knob (``builtin:word_problems?difficulty=2``, default 1):
 * 1: one addition or subtraction, numbers up to 20;
 * 2: one operation of the four (products up to 12 x 12, exact divisions), numbers up to 50;
 * 3: two steps (e.g. a product then a difference), numbers up to 100;
-* 4: three steps, numbers up to 200.
+* 4: three steps, numbers up to 200;
+* a range, ``difficulty=1-3``: every level's problems together.
+
+``instruction=varied`` ends each problem with one of four wordings (``VARIED_INSTRUCTIONS``, fixed
+per problem) instead of the one ``INSTRUCTION``; ``instruction=<text>`` uses that text.
 
 The train/eval split is a property of each problem (a stable hash of its template and numbers,
 one in ten goes to eval), never of a seed: a held-out problem never appears in training.
@@ -25,6 +29,14 @@ from typing import Any, Callable
 from grpo_dist.data.synthetic import PromptRecord, Task, register_task
 
 INSTRUCTION = "Put your final answer within \\boxed{}."
+# ``instruction=varied``: one of these per problem (fixed by its text); none is a wording of the held-out
+# set phrased another way (ood_tasks.INSTRUCTIONS; tests/test_ood_tasks.py checks it)
+VARIED_INSTRUCTIONS = (
+    INSTRUCTION,
+    "Answer with the number in \\boxed{}.",
+    "Show your working and box the answer: \\boxed{}.",
+    "What is the answer? Reply with \\boxed{} around it.",
+)
 EVAL_MOD = 10  # one problem in EVAL_MOD is held out
 POOL_TRIES = 40_000  # candidate problems generated per difficulty (then deduplicated and split)
 _SALT = 0x3A17
@@ -140,6 +152,23 @@ def _is_eval(text: str) -> bool:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") % EVAL_MOD == 0
 
 
+def _levels(difficulty: int | str) -> list[int]:
+    lo, sep, hi = str(difficulty).partition("-")
+    try:
+        levels = list(range(int(lo), int(hi) + 1)) if sep else [int(lo)]
+    except ValueError:
+        levels = []
+    if not levels or any(d not in LEVELS for d in levels):
+        raise ValueError(f"word_problems: difficulty must be one of {sorted(LEVELS)} or a range like 1-3, "
+                         f"got {difficulty}")
+    return levels
+
+
+def _varied(text: str) -> str:
+    h = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8, person=b"instr").digest(), "big")
+    return VARIED_INSTRUCTIONS[h % len(VARIED_INSTRUCTIONS)]
+
+
 class WordProblems(Task):
     name = "word_problems"
 
@@ -159,13 +188,18 @@ class WordProblems(Task):
             self._cache[difficulty] = (train, held)
         return self._cache[difficulty]
 
-    def pool(self, split: str, difficulty: int = 1, instruction: str = INSTRUCTION) -> list[tuple[str, str, dict[str, Any]]]:
-        d = int(difficulty)
-        if d not in LEVELS:
-            raise ValueError(f"word_problems: difficulty must be one of {sorted(LEVELS)}, got {difficulty}")
-        train, held = self._splits(d)
-        items = train if split == "train" else held
-        return [(f"{text} {instruction}".strip(), str(ans), {"difficulty": d}) for text, ans in items]
+    def pool(self, split: str, difficulty: int | str = 1,
+             instruction: str = INSTRUCTION) -> list[tuple[str, str, dict[str, Any]]]:
+        """``difficulty``: a level, or a range ``a-b`` (every level's problems, each level's held-out
+        ones held out); ``instruction``: the sentence after each problem, or ``varied`` (one of
+        ``VARIED_INSTRUCTIONS`` per problem, fixed by its text)."""
+        out = []
+        for d in _levels(difficulty):
+            train, held = self._splits(d)
+            for text, ans in (train if split == "train" else held):
+                said = _varied(text) if instruction == "varied" else instruction
+                out.append((f"{text} {said}".strip(), str(ans), {"difficulty": d}))
+        return out
 
     def wrong_answers(self, record: PromptRecord, noise: str = "systematic") -> list[str]:
         right = int(record.columns["answer"])
