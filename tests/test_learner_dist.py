@@ -60,6 +60,42 @@ def test_two_ranks_match_single_process(tiny_model_dir, tmp_path, algo):
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+def test_two_ranks_on_a_bf16_base_reduce_float32_adapter_gradients(tiny_model_dir, tmp_path):
+    """``lora.dtype: float32`` on a bf16 base over two ranks: DeepSpeed's fp32 path all-reduces the
+    adapter's float32 gradients (identical on both ranks) and the ranks end with the same adapter,
+    which matches one process's up to bf16 rounding of the base's activations."""
+    import torch.multiprocessing as mp
+
+    from grpo_dist.learner import Learner
+
+    batch, batch2 = random_batch(8, seed=21), random_batch(8, seed=22)
+    mp.spawn(two_step_rank, args=(2, free_port(), str(tiny_model_dir), str(tmp_path), batch, batch2, {}, "bfloat16"),
+             nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2))
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cfg = small_config(tiny_model_dir, algo=dict(beta=0.04))
+        cfg.model.dtype = "bfloat16"
+        learner = Learner(cfg, master_port=free_port())
+        learner.setup()
+        single = two_step_grads(learner, batch, batch2)
+        learner.shutdown()
+    finally:
+        torch.set_num_threads(n)
+    for g in ("grads1", "grads2"):
+        for k, v in r0[g].items():
+            assert v.dtype == torch.float32 and float(v.abs().max()) > 0, k
+            torch.testing.assert_close(r1[g][k], v, rtol=0, atol=0)  # identical after all-reduce
+            rel = float((v - single[g][k]).norm() / single[g][k].norm())
+            assert rel < 0.05, (g, k, rel)  # bf16 activations: ~1% here
+    assert {t.dtype for t in r0["tensors"].values()} == {torch.float32}
+    for key in ("m1", "m2"):
+        assert r0[key]["train/loss"] == pytest.approx(single[key]["train/loss"], rel=0.02, abs=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
 def test_zero3_two_ranks_train_refresh_and_export_like_one_process(tiny_model_dir, tmp_path):
     """Parameters partitioned over 2 ranks: the same loss and exported adapter as one ZeRO-0
     process, and a mix-1 reference refresh (which gathers the partitioned LoRA weights) gives
