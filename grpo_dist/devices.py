@@ -123,8 +123,10 @@ def engine_dtype(cfg: Config) -> tuple[str, str]:
 
 def trainable_dtype(cfg: Config) -> str:
     """The dtype the learner trains in: float32 for a LoRA adapter with ``lora.dtype: float32`` (its
-    weights, gradients and Adam state; the frozen base keeps ``model.dtype``), else ``model.dtype``."""
-    if cfg.lora.enabled and cfg.lora.dtype == "float32":
+    weights, gradients and Adam state; the frozen base keeps ``model.dtype``), else ``model.dtype``.
+    A float16 base keeps DeepSpeed's fp16 mode: its loss scaling is what keeps fp16 activations'
+    gradients from underflowing, and the fp32 path has none."""
+    if cfg.lora.enabled and cfg.lora.dtype == "float32" and cfg.model.dtype != "float16":
         return "float32"
     return cfg.model.dtype
 
@@ -136,10 +138,9 @@ def choices(cfg: Config) -> list[str]:
     dtype, why = engine_dtype(cfg)
     if why.startswith("auto"):
         lines.append(f"rollout.dtype -> {dtype}: {why}")
-    if cfg.lora.enabled and cfg.model.dtype in ("bfloat16", "float16") and cfg.lora.dtype == "float32":
-        lines.append(f"lora.dtype -> float32: the adapter's weights, gradients and Adam state in float32 on the "
-                     f"{cfg.model.dtype} base (whose layers compute in {cfg.model.dtype}); lora.dtype: model for "
-                     f"DeepSpeed's {cfg.model.dtype} mode")
+    if cfg.model.dtype == "bfloat16" and trainable_dtype(cfg) == "float32":
+        lines.append("lora.dtype -> float32: the adapter's weights, gradients and Adam state in float32 on the "
+                     "bfloat16 base (whose layers compute in bfloat16); lora.dtype: model for DeepSpeed's bf16 mode")
     if cfg.trainer._auto_staleness:
         lines.append(cfg.trainer._auto_staleness)
     return lines

@@ -10,7 +10,7 @@ import torch
 
 from grpo_dist.config import load_config
 from grpo_dist.data import PromptRecord
-from grpo_dist.devices import adapter_mode, choices, engine_dtype
+from grpo_dist.devices import adapter_mode, choices, engine_dtype, trainable_dtype
 from grpo_dist.sync.merge import LoraMerger, MergeError, lora_factors, read_adapter_dir
 from grpo_dist.types import AdapterUpdate
 
@@ -261,6 +261,9 @@ def test_a_merging_engine_keeps_float32_weights_beside_a_bf16_learner():
     # the learner's adapter: float32 on a 16-bit base unless lora.dtype says model (said at start)
     assert any(x.startswith("lora.dtype -> float32: the adapter's weights") for x in choices(bf16))
     assert not any(x.startswith("lora.dtype") for x in choices(fp32))
+    fp16 = load_config(None, ["--model.dtype", "float16"])  # fp16 keeps DeepSpeed's loss scaling
+    assert trainable_dtype(fp16) == "float16" and not any(x.startswith("lora.dtype") for x in choices(fp16))
+    assert trainable_dtype(bf16) == "float32"
     assert not any(x.startswith("lora.dtype") for x in choices(load_config(None, ["--model.dtype", "bfloat16",
                                                                                    "--lora.dtype", "model"])))
 

@@ -44,8 +44,9 @@ class LoraConfig(Section):
         description="Module names that get LoRA.")
     dtype: Literal["float32", "model"] = Field(
         "float32", description="The adapter's weights, gradients and optimizer state in the learner: float32 (a "
-        "bf16/fp16 base still computes its own layers in its dtype; PEFT's default) or model (the model's dtype: "
-        "DeepSpeed's bf16/fp16 mode, fp32 master copies, gradients accumulated in the model's dtype).")
+        "bfloat16 base still computes its own layers in bfloat16; PEFT's default) or model (the model's dtype: "
+        "DeepSpeed's bf16 mode, fp32 master copies, gradients accumulated in bf16). A float16 base always "
+        "trains in DeepSpeed's fp16 mode (its loss scaling).")
 
 
 class DataConfig(Section):

@@ -96,11 +96,10 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict[str, Any]:
     if lc.zero_stage == 3:
         # Keep every parameter gathered-on-demand; small models do not need persistence tuning.
         ds["zero_optimization"].update({"stage3_gather_16bit_weights_on_model_save": True})
-    if trainable_dtype(cfg) != cfg.model.dtype:  # float32 adapter on a 16-bit base: DeepSpeed's plain fp32 path
+    if trainable_dtype(cfg) != cfg.model.dtype:  # float32 adapter on a bf16 base: DeepSpeed's plain fp32 path
         return ds
     if cfg.model.dtype == "bfloat16":
         ds["bf16"] = {"enabled": True}
     elif cfg.model.dtype == "float16":
         ds["fp16"] = {"enabled": True, "initial_scale_power": 16}
     return ds
-
