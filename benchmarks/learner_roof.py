@@ -1,6 +1,6 @@
 """The learner against this machine's matmul roof, on CPU.
 
-    python benchmarks/learner_roof.py [--steps 50] [--dtypes float32,bfloat16] [--threads 2]
+    python benchmarks/learner_roof.py [--steps 50] [--dtypes float32,bfloat16,bfloat16:model] [--threads 2]
                                       [--profile 5] [--json out.json]
 
 The workload of benchmarks/NOTES.md: the "small" generated Llama (hidden 512, 8 layers, untrained,
@@ -10,7 +10,9 @@ LoRA r=8 (alpha 16) on q,k,v,o, beta 0.04 (so a reference pass runs), one 64-com
 micro-batch, packing ``auto``, dropout 0. An in-process ``Learner`` (no Ray), ``--threads`` torch
 threads (default: every CPU this process may use).
 
-Per precision it prints:
+``--dtypes`` takes ``model.dtype`` or ``model.dtype:lora.dtype`` (``bfloat16:model``: the adapter
+in bf16 under DeepSpeed's bf16 mode; plain ``bfloat16``: the default float32 adapter on the bf16
+base). Per precision it prints:
 
 * the roof: the best square GEMM in that precision (``grpo_dist.learner.perf.matmul_roof``);
 * the update (``timing/learn_update``: forward + backward + optimizer) and its FLOP/s, counted
@@ -145,7 +147,8 @@ def cpu_time_roof(dtype, sizes=(512, 1024), reps: int = 8) -> float:
     return best
 
 
-def run_dtype(model_dir: str, dtype: str, args) -> dict[str, Any]:
+def run_dtype(model_dir: str, spec: str, args) -> dict[str, Any]:
+    """``spec``: ``model.dtype``, or ``model.dtype:lora.dtype`` (``bfloat16:model``: the adapter in bf16 too)."""
     import torch
 
     from grpo_dist.config import config_from_dict
@@ -153,9 +156,11 @@ def run_dtype(model_dir: str, dtype: str, args) -> dict[str, Any]:
     from grpo_dist.util.ports import free_port
 
     w = WORKLOAD
+    dtype, _, lora_dtype = spec.partition(":")
     cfg = config_from_dict(dict(
         model={"path": model_dir, "dtype": dtype},
-        lora={"r": w["lora_r"], "alpha": w["lora_alpha"], "dropout": 0.0, "target_modules": w["targets"]},
+        lora={"r": w["lora_r"], "alpha": w["lora_alpha"], "dropout": 0.0, "target_modules": w["targets"],
+              "dtype": lora_dtype or "float32"},
         rollout={"prompts_per_step": w["prompts"], "group_size": w["group"], "max_tokens": w["max_tokens"]},
         learner={"micro_batch_size": w["prompts"] * w["group"], "lr": w["lr"], "lr_schedule": "constant"},
         algo={"beta": w["beta"]}, trainer={"steps": args.warmup + args.steps + args.profile},
@@ -182,7 +187,7 @@ def run_dtype(model_dir: str, dtype: str, args) -> dict[str, Any]:
                              tflops=m.get("perf/learner_tflops"), mfu=m.get("perf/mfu")))
     rss1 = rss_mb()
     med = statistics.median
-    res = dict(dtype=dtype, roof_gflops=roof / 1e9, params=params, packing=info["packing"],
+    res = dict(dtype=spec, roof_gflops=roof / 1e9, params=params, packing=info["packing"],
                tokens=med(r["tokens"] for r in rows), update_s=med(r["update"] for r in rows),
                ref_s=med(r["ref"] for r in rows), total_s=med(r["total"] for r in rows),
                cpu_s=med(r["cpu"] for r in rows), load=os.getloadavg()[0],
