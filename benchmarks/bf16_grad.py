@@ -27,14 +27,14 @@ sys.path.insert(0, ROOT)
 SETTINGS = [("float32", "float32"), ("bfloat16", "float32"), ("bfloat16", "model")]  # (model.dtype, lora.dtype)
 
 
-def batch_for(model_dir: str, prompts: int, group: int, seed: int = 0):
+def batch_for(model_dir: str, prompts: int, group: int, seed: int = 0, offset: int = 0):
     from transformers import AutoTokenizer
 
     from grpo_dist.data import load_prompts
     from grpo_dist.types import TrainBatch
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    records = load_prompts("builtin:word_problems?difficulty=1", split="train")[:prompts]
+    records = load_prompts("builtin:word_problems?difficulty=1", split="train")[offset:offset + prompts]
     rng = random.Random(seed)
     p_ids, c_ids, adv = [], [], []
     for r in records:
@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--micro", type=int, default=8)
+    ap.add_argument("--bias", action="store_true", help="instead: is bf16's error the same on other prompts? the "
+                    "cosine between its errors (g16 - g32) on two disjoint prompt sets")
     ap.add_argument("--adapter", help="instead: what a float32 and a bf16 forward see of this trained adapter "
                     "(its change of the completions' log-probs)")
     a = ap.parse_args(argv)
@@ -102,6 +104,20 @@ def main(argv: list[str] | None = None) -> int:
 
     setup_env()
     batch = batch_for(a.model, a.prompts, a.group)
+    if a.bias:
+        errs, gs = [], []
+        for off in (0, a.prompts):
+            b = batch_for(a.model, a.prompts, a.group, offset=off)
+            g32, g16 = (first_gradient(a.model, d, "float32", b, a.micro) for d in ("float32", "bfloat16"))
+            keys = sorted(g32)
+            v32, v16 = (torch.cat([g[k].flatten() for k in keys]).double() for g in (g32, g16))
+            errs.append(v16 - v32)
+            gs.append(v32)
+        cos = lambda x, y: float(x @ y / (x.norm() * y.norm()))  # noqa: E731
+        print(f"bf16 error on prompts 1-{a.prompts} vs {a.prompts + 1}-{2 * a.prompts}: cosine {cos(*errs):.4f}; "
+              f"error vs its own gradient: {cos(errs[0], gs[0]):.4f}, {cos(errs[1], gs[1]):.4f}; the two float32 "
+              f"gradients: {cos(*gs):.4f}")
+        return 0
     if a.adapter:
         d32, d16 = (adapter_effect(a.model, a.adapter, batch, d).double() for d in ("float32", "bfloat16"))
         cos = float(d16 @ d32 / (d16.norm() * d32.norm()))
