@@ -67,6 +67,14 @@ def first_gradient(model_dir: str, model_dtype: str, lora_dtype: str, batch, mic
     return {k: v.float() for k, v in grads.items()}
 
 
+def _flat(grads: dict[str, torch.Tensor], keys: list[str]) -> torch.Tensor:
+    return torch.cat([grads[k].flatten() for k in keys]).double()
+
+
+def _cos(x: torch.Tensor, y: torch.Tensor) -> float:
+    return float(x @ y / (x.norm() * y.norm()))
+
+
 def adapter_effect(model_dir: str, adapter: str, batch, dtype: str) -> torch.Tensor:
     """Per completion token: log p with the adapter minus log p without it, the base in ``dtype`` and
     the adapter in float32 (PEFT's default: the layer's output is rounded to ``dtype`` after the
@@ -109,20 +117,17 @@ def main(argv: list[str] | None = None) -> int:
         for off in (0, a.prompts):
             b = batch_for(a.model, a.prompts, a.group, offset=off)
             g32, g16 = (first_gradient(a.model, d, "float32", b, a.micro) for d in ("float32", "bfloat16"))
-            keys = sorted(g32)
-            v32, v16 = (torch.cat([g[k].flatten() for k in keys]).double() for g in (g32, g16))
+            v32, v16 = (_flat(g, sorted(g32)) for g in (g32, g16))
             errs.append(v16 - v32)
             gs.append(v32)
-        cos = lambda x, y: float(x @ y / (x.norm() * y.norm()))  # noqa: E731
-        print(f"bf16 error on prompts 1-{a.prompts} vs {a.prompts + 1}-{2 * a.prompts}: cosine {cos(*errs):.4f}; "
-              f"error vs its own gradient: {cos(errs[0], gs[0]):.4f}, {cos(errs[1], gs[1]):.4f}; the two float32 "
-              f"gradients: {cos(*gs):.4f}")
+        print(f"bf16 error on prompts 1-{a.prompts} vs {a.prompts + 1}-{2 * a.prompts}: cosine {_cos(*errs):.4f}; "
+              f"error vs its own gradient: {_cos(errs[0], gs[0]):.4f}, {_cos(errs[1], gs[1]):.4f}; the two float32 "
+              f"gradients: {_cos(*gs):.4f}")
         return 0
     if a.adapter:
         d32, d16 = (adapter_effect(a.model, a.adapter, batch, d).double() for d in ("float32", "bfloat16"))
-        cos = float(d16 @ d32 / (d16.norm() * d32.norm()))
         print(f"{a.adapter}: {d32.numel()} completion tokens; the adapter's change of log p, float32 base: mean |d| "
-              f"{float(d32.abs().mean()):.4f}; bf16 base: cosine with float32 {cos:.4f}, relative error "
+              f"{float(d32.abs().mean()):.4f}; bf16 base: cosine with float32 {_cos(d16, d32):.4f}, relative error "
               f"{float((d16 - d32).norm() / d32.norm()):.4f}, norm ratio {float(d16.norm() / d32.norm()):.4f}")
         return 0
     grads = {s: first_gradient(a.model, *s, batch, a.micro) for s in SETTINGS}
@@ -131,14 +136,13 @@ def main(argv: list[str] | None = None) -> int:
                                                                   batch_for(a.model, a.prompts, a.group, seed=1), a.micro)
     ref = grads[SETTINGS[0]]
     keys = sorted(ref)
-    g32 = torch.cat([ref[k].flatten() for k in keys]).double()
+    g32 = _flat(ref, keys)
     print(f"{len(batch)} sequences, micro-batches of {a.micro}, {len(keys)} adapter tensors, |g32| {g32.norm():.4g}")
     print("| model.dtype | lora.dtype | cosine with float32 | relative error | norm ratio |")
     print("|---|---|---|---|---|")
     for s in grads:
-        g = torch.cat([grads[s][k].flatten() for k in keys]).double()
-        cos = float(g @ g32 / (g.norm() * g32.norm()))
-        print(f"| {s[0]} | {s[1]} | {cos:.4f} | {float((g - g32).norm() / g32.norm()):.4f} | "
+        g = _flat(grads[s], keys)
+        print(f"| {s[0]} | {s[1]} | {_cos(g, g32):.4f} | {float((g - g32).norm() / g32.norm()):.4f} | "
               f"{float(g.norm() / g32.norm()):.4f} |")
     return 0
 

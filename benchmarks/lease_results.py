@@ -8,7 +8,14 @@ import glob
 import json
 import os
 import re
+import sys
 from typing import Any, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+from gpu_e2e import row_of  # noqa: E402  (standard library only, like this file)
 
 # (target, how it is read from the rows, the bound, "max" = the figure must not exceed it)
 TARGETS = [
@@ -33,27 +40,21 @@ def tail(path: str, n: int) -> str:
     return "\n".join(lines)[-n:]
 
 
-# a killed row's steps, from its run's metrics.jsonl: (column, metric), means over the steps after the first
-PARTIAL = [("s_per_step", "timing/step"), ("generate", "timing/generate"), ("update", "timing/learn_update"),
-           ("reference", "timing/learn_ref_old"), ("sync", "timing/sync"), ("sync_publish", "timing/sync_publish"),
-           ("sync_transfer", "timing/sync_transfer"), ("tokens_per_s", "perf/tokens_per_s"), ("mfu", "perf/mfu"),
-           ("learner_tflops", "perf/learner_tflops")]
 # what vLLM and the run say about their start-up, kept from each row's logs
 STARTUP_LINE = re.compile(r"actors ready in|took [0-9.]+ ?s|takes [0-9.]+ ?s|finished in [0-9.]+ ?s|"
                           r"[0-9.]+ seconds|compil", re.IGNORECASE)
 
 
 def partial_of(run_dir: str) -> dict[str, Any]:
-    """The steps a row finished before it was killed (its table is written only at the end), and its
-    start-up lines."""
+    """The steps a row finished before it was killed (its table is written only at the end: gpu_e2e's
+    columns over the steps after the first, as its table would have them), and its start-up lines."""
     out: dict[str, Any] = {}
     for metrics in glob.glob(os.path.join(run_dir, "*", "metrics.jsonl")):
         with open(metrics) as f:
             steps = [json.loads(ln) for ln in f if ln.strip()]
-        timed = steps[1:] or steps
         out["steps"] = len(steps)
-        out["means"] = {c: sum(s[k] for s in timed if k in s) / max(1, sum(k in s for s in timed))
-                        for c, k in PARTIAL if any(k in s for s in timed)}
+        out["means"] = {c: v for c, v in row_of(steps, skip=1, sleeps=False).items()
+                        if isinstance(v, float)}
     lines = []
     for log in glob.glob(os.path.join(run_dir, "*", "workers.log")):
         with open(log, encoding="utf-8", errors="replace") as f:

@@ -23,8 +23,8 @@ def load(run: str) -> dict[str, Any]:
     with open(os.path.join(run, "summary.json")) as f:
         s = json.load(f)
     t = s.get("mean_timing", {})
-    row = {"run": run, "steps": s.get("steps"), "wall_s": s.get("wall_seconds"), "s_per_step": t.get("timing/step"),
-           "sampled_before": s.get("sampled_accuracy_before"), "curve": s.get("reward_curve") or []}
+    row = {"run": run, "wall_s": s.get("wall_seconds"), "s_per_step": t.get("timing/step"),
+           "curve": s.get("reward_curve") or []}
     row.update({c: s.get(k) for c, k in COLUMNS})
     for name, one in (s.get("eval_sets") or {}).items():  # eval.extra: the other held-out sets
         row[f"{name}_sampled"] = one.get("sampled_accuracy_after")
