@@ -151,3 +151,34 @@ def test_reward_worker_scores_with_math_and_format():
     assert res.per_function["math"] == [1.0, 0.0, 1.0]
     assert res.errors == {"math": 0, "format": 0}
     assert res.total == [1.5, 0.5, 1.0]
+
+
+# form="number": (completion, reference, reward with form "number"); the default form scores each 1.0
+NUMBER_FORM_CASES = [
+    ("\\boxed{29}", "29", 1.0),
+    ("14 + 15 = 29, so \\boxed{29 cards}.", "29", 1.0),          # unit words after the number
+    ("\\boxed{\\$1,234}", "1234", 1.0),                           # dollar sign, thousands separator
+    ("\\boxed{\\text{29}}", "29", 1.0),
+    ("\\boxed{\\frac{1}{2}}", "0.5", 1.0),                        # a fraction in lowest terms is a value
+    ("\\boxed{-3.5}", "-7/2", 1.0),
+    ("#### 72", "72", 1.0),
+    ("She has 14 + 15 = 29 pencils.", "29", 1.0),                 # unmarked: the last number
+    ("\\boxed{14 + 15}", "29", 0.0),                              # an expression equal to the answer
+    ("\\boxed{3 \\times 4}", "12", 0.0),
+    ("\\boxed{14/2}", "7", 0.0),                                  # a share left undivided
+    ("\\boxed{\\frac{14}{2}}", "7", 0.0),
+    ("Tom has 14 + 15 pencils.", "29", 0.0),                      # unmarked: 15 is the last number
+]
+
+
+@pytest.mark.parametrize("completion,reference,expected", NUMBER_FORM_CASES)
+def test_number_form_wants_the_value_written_out(completion, reference, expected):
+    assert math_reward(["q"], [completion], answer=[reference], form="number") == [expected]
+    assert math_reward(["q"], [completion], answer=[reference]) == [1.0]
+
+
+def test_number_form_malformed_and_bad_option():
+    out = math_reward(["q"] * len(MALFORMED), MALFORMED, answer=["3"] * len(MALFORMED), form="number")
+    assert out == [0.0] * len(MALFORMED)
+    with pytest.raises(ValueError, match="form must be one of"):
+        math_reward(["q"], ["\\boxed{3}"], answer=["3"], form="value")

@@ -27,7 +27,7 @@ from grpo_dist.reward.builtin import completion_text
 from grpo_dist.reward.math_helper import HELPER
 from grpo_dist.reward.registry import register_reward
 
-__all__ = ["extract_math_answer", "math_reward"]
+__all__ = ["extract_math_answer", "math_reward", "number_literal"]
 
 # Only the tail of a long completion is searched when no marker is found (the answer comes last).
 TAIL_CHARS = 4000
@@ -92,7 +92,39 @@ def _parse_input(candidate: tuple[str, bool], reference: bool = False) -> str:
 _MISSING: Any = object()
 
 
-def _check_math(timeout_s: float = 5.0) -> None:
+# ``form="number"``: the final answer must be a value written out, not an expression equal to it.
+FORMS = ("any", "number")
+_DECIMAL_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+_FRACTION_RE = re.compile(r"(-?)(?:\\[dt]?frac\{(\d+)\}\{(\d+)\}|(\d+)/(\d+))")
+_WRAPPER_RE = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\{([^{}]*)\}")
+_UNIT_RE = re.compile(r"(?:\s*(?:\\[,;! ]|~))*\s*[A-Za-z][A-Za-z ]*$")  # "29 cards", "5\, dollars"
+_NUMBER_TAIL_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?![\d.])")
+
+
+def number_literal(candidate: tuple[str, bool]) -> str | None:
+    """The answer of ``form="number"``: a marked answer holding one number written out (an integer,
+    a decimal, or a fraction in lowest terms; ``$``, ``\\text{}`` wrappers, a leading dollar sign
+    and trailing unit words dropped), else None; for unmarked text, its last number. ``14 + 15``,
+    ``3 \\times 4`` and ``14/2`` are expressions, not values: None."""
+    s, marked = candidate
+    if not marked:
+        nums = _NUMBER_TAIL_RE.findall(s)
+        return nums[-1] if nums else None
+    s = _WRAPPER_RE.sub(lambda m: m.group(1), s).replace("\\$", "").replace("$", "").strip().rstrip(".").strip()
+    s = _UNIT_RE.sub("", s).strip()
+    if _DECIMAL_RE.fullmatch(s):
+        return s
+    m = _FRACTION_RE.fullmatch(s.replace(" ", ""))
+    if m:
+        p, q = int(m.group(2) or m.group(4)), int(m.group(3) or m.group(5))
+        if q > 1 and math.gcd(p, q) == 1:
+            return f"{m.group(1)}{p}/{q}"
+    return None
+
+
+def _check_math(timeout_s: float = 5.0, form: str = "any") -> None:
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {FORMS}, got {form!r}")
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
         raise ValueError(f"timeout_s must be a finite number > 0, got {timeout_s!r}")
     import importlib.util
@@ -103,11 +135,13 @@ def _check_math(timeout_s: float = 5.0) -> None:
 
 @register_reward("math", validate=_check_math, columns=("answer",))
 def math_reward(prompts: Sequence[Any], completions: Sequence[Any], answer: Any = _MISSING,
-                timeout_s: float = 5.0, **kwargs: Any) -> list[float]:
+                timeout_s: float = 5.0, form: str = "any", **kwargs: Any) -> list[float]:
     """1.0 if the completion's final answer is mathematically equal to the ``answer`` column's,
     else 0.0 (see the module doc for the extraction). ``timeout_s``: seconds per completion
-    before it counts as wrong. No prediction or no reference scores 0.0."""
-    _check_math(timeout_s)
+    before it counts as wrong. ``form="number"``: the answer must be a value written out
+    (:func:`number_literal`): ``\\boxed{14 + 15}`` scores 0.0 against 29 where ``"any"`` (the
+    default, like TRL's math reward) scores it 1.0. No prediction or no reference scores 0.0."""
+    _check_math(timeout_s, form)
     if answer is _MISSING:
         raise ValueError("math needs an 'answer' dataset column")
     refs = list(answer) if isinstance(answer, (list, tuple)) else [answer] * len(completions)
@@ -117,6 +151,9 @@ def math_reward(prompts: Sequence[Any], completions: Sequence[Any], answer: Any 
     for completion, ref in zip(completions, refs):
         gold = extract_math_answer(ref if isinstance(ref, str) or ref is None else str(ref))
         pred = extract_math_answer(completion)
+        if pred is not None and form == "number":
+            value = number_literal(pred)
+            pred = None if value is None else (value, True)
         if gold is None or pred is None:
             out.append(0.0)
             continue
