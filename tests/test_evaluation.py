@@ -147,3 +147,34 @@ def test_eval_cli_on_a_dataset_without_answers(tmp_path, pretrained_model_dir):
     assert 0.0 <= base["reward_means"]["length"] <= 1.0 and "greedy_mean_reward" in base
     assert base["mean_reward"] == pytest.approx(0.5 * base["reward_means"]["format"] + base["reward_means"]["length"])
     assert "scoring with format, length only" in r.stderr  # the log line says which
+
+
+@pytest.mark.slow
+def test_train_with_eval_before_false_evaluates_only_after_training(tmp_path, pretrained_model_dir):
+    """``eval.before: false``: no evaluation of the base model, the one after training on every set
+    (main and eval.extra), its figures in summary.json and on the console."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "run"
+    r = subprocess.run(
+        [sys.executable, "-m", "grpo_dist.cli", "train", "--config", "configs/tiny_cpu.yaml",
+         "--model.path", str(pretrained_model_dir), "--model.make_if_missing", "null", "--output_dir", str(out),
+         "--rollout.backend", "hf", "--rollout.num_workers", "1", "--rollout.prompts_per_step", "2",
+         "--rollout.group_size", "4", "--trainer.steps", "1", "--checkpoint.every", "0",
+         "--logging.wandb_mode", "disabled", "--logging.progress", "false", "--eval.before", "false",
+         "--data.eval_size", "4", "--eval.samples_per_prompt", "2", "--eval.pass_k", "[1, 2]",
+         "--eval.extra", '{"sums": "builtin:add?n=4"}'],
+        cwd=root, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    console = r.stdout + r.stderr
+    assert "before training" not in console and "evaluating 4 held-out prompts + 4 sums after training" in console
+    summary = json.loads((out / "summary.json").read_text())
+    assert "eval_before" not in summary and "sampled_accuracy_before" not in summary
+    assert 0.0 <= summary["sampled_accuracy_after"] <= 1.0 and "greedy_accuracy_after" in summary
+    assert set(summary["eval_sets"]["sums"]) == {"source", "sampled_accuracy_after", "greedy_accuracy_after",
+                                                 "mean_reward_after"}
+    assert f"sampled_accuracy   after {summary['sampled_accuracy_after']:.3f}" in console

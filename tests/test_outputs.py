@@ -136,6 +136,18 @@ def test_summary_lines_say_before_after_memory_and_failures():
         "reward function 'math' failed on 2 of 1536 completions (0.1%): timeout"]
 
 
+def test_summary_lines_of_a_run_evaluated_only_after_training():
+    """eval.before: false: the after figures alone, main set and eval.extra's."""
+    from grpo_dist.run.outputs import summary_lines
+
+    s = {"sampled_accuracy_after": 0.9, "greedy_accuracy_after": 0.95, "steps": 2, "wall_seconds": 10.0,
+         "adapter_dir": "/r/adapter",
+         "eval_sets": {"ood": {"source": "builtin:word_problems_ood", "sampled_accuracy_after": 0.25}}}
+    lines = summary_lines(s)
+    assert lines[1:4] == ["sampled_accuracy   after 0.900", "greedy_accuracy    after 0.950",
+                          "ood/sampled_accuracy after 0.250"]
+
+
 def test_max_minutes_stops_before_a_step_that_would_end_past_the_budget(monkeypatch, capsys):
     """trainer.max_minutes 1 with 20 s steps: steps 1-3 run (the 3rd ends at 60 s), no 4th; then
     a step of 10 s more would, at the mean, end past it. The summary line says why it stopped."""

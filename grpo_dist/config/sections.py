@@ -328,6 +328,9 @@ class EvalConfig(Section):
     pass_k: list[int] = Field(default_factory=lambda: [1, 4], description="k values for pass@k.")
     temperature: Optional[float] = Field(None, gt=0, description="Sampling temperature (default rollout.temperature).")
     greedy: bool = Field(True, description="Also report greedy accuracy.")
+    before: bool = Field(True, description="Evaluate the base model before training too; false: only after training "
+                         "(the base's figures are known from an earlier run or `grpo-dist eval`, and the base model "
+                         "evaluates slowly: long answers). trainer.eval_before_after: false turns off both.")
     extra: dict[str, str] = Field(
         default_factory=dict, description="More held-out sets, evaluated before and after training like the main one "
         "and by `grpo-dist eval`: name -> source (same formats as data.eval_path; a builtin's eval split, "

@@ -122,16 +122,15 @@ def write_summary(out: Path, steps: int, wall: float, adapter_dir, wandb_dir, me
 def summary_lines(s: dict) -> list[str]:
     """What `grpo-dist train` prints at the end, from ``summary.json``."""
     out = ["\n=== grpo-dist summary ==="]
-    for name in ("sampled_accuracy", "greedy_accuracy"):
-        if f"{name}_before" in s:
-            b, a = s[f"{name}_before"], s[f"{name}_after"]
-            out.append(f"{name:18s} before {b:.3f}  after {a:.3f}  ({a - b:+.3f})")
-    for set_name, one in s.get("eval_sets", {}).items():  # eval.extra
+    sets = [("", s), *((f"{k}/", v) for k, v in s.get("eval_sets", {}).items())]  # main set, then eval.extra's
+    for prefix, one in sets:
         for name in ("sampled_accuracy", "greedy_accuracy"):
+            label = f"{prefix}{name}"
             if f"{name}_before" in one and f"{name}_after" in one:
                 b, a = one[f"{name}_before"], one[f"{name}_after"]
-                label = f"{set_name}/{name}"
                 out.append(f"{label:18s} before {b:.3f}  after {a:.3f}  ({a - b:+.3f})")
+            elif f"{name}_after" in one:  # eval.before: false
+                out.append(f"{label:18s} after {one[f'{name}_after']:.3f}")
     segs = f" over {s['segments']} segments" if s.get("segments", 1) > 1 else ""
     early = "  (trainer.max_minutes reached)" if s.get("stopped") == "max_minutes" else ""
     out.append(f"steps {s['steps']}  wall {s['wall_seconds']:.0f} s{segs}{early}")

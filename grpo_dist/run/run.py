@@ -112,7 +112,8 @@ class Run:
         write_metrics(self.out, self.history, append=False)  # the restored steps (none for a fresh run)
         self._resume_point = self.rollouts.data_state()
         self._watch_point = self.rollouts.watch.state_dict()  # the failure counts at that point
-        if self.before is None and cfg.trainer.eval_before_after and self.eval_records:
+        self._eval_after = bool(cfg.trainer.eval_before_after and self.eval_records)
+        if self.before is None and self._eval_after and cfg.eval.before:
             self.before = self.evaluate("before training")  # a resumed run keeps the original start's
             broken = self.before.get("reward_failures", {})
             if broken and cfg.reward.max_failure_rate < 1:  # a reward broken on every eval completion: stop now
@@ -237,7 +238,7 @@ class Run:
         final adapter, ``summary.json``."""
         cfg = self.cfg
         self.sync.settle(block=True)
-        after = self.evaluate("after training") if self.before is not None else None
+        after = self.evaluate("after training") if self._eval_after else None
         if self._saved_step != self.step:  # the last step's checkpoint may be written already
             self.save(self._resume_point)
         adapter_dir = checkpoint.save_final(cfg, self.workers.learner, self.out / "adapter")
