@@ -1,9 +1,13 @@
 """The learner against this machine's matmul roof, on CPU.
 
-    python benchmarks/learner_roof.py [--steps 50] [--dtypes float32,bfloat16,bfloat16:model] [--threads 2]
+    python benchmarks/learner_roof.py [--workload small|smollm2] [--steps 50]
+                                      [--dtypes float32,bfloat16,bfloat16:model] [--threads 2]
                                       [--profile 5] [--json out.json]
 
-The workload of benchmarks/NOTES.md: the "small" generated Llama (hidden 512, 8 layers, untrained,
+``--workload smollm2``: SmolLM2-135M-Instruct (the packaged GGUF, converted once) at the learner
+settings of configs/smollm2_cpu.yaml: 8 word problems in its chat template x 8 completions of
+1..128 tokens (mean 90), LoRA r=16 (alpha 32) on every projection, beta 0 (no reference pass),
+micro-batches of 8. The default, ``small``, is the workload of benchmarks/NOTES.md: the "small" generated Llama (hidden 512, 8 layers, untrained,
 cached under ``$GRPO_DIST_CACHE/bench_models/small-untrained``), 8 ``add`` prompts x 8 completions
 of 1..32 tokens (about 1,519 completion tokens a step, the lengths drawn anew every step),
 LoRA r=8 (alpha 16) on q,k,v,o, beta 0.04 (so a reference pass runs), one 64-completion
@@ -49,8 +53,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-WORKLOAD = dict(prompts=8, group=8, max_tokens=32, mean_tokens=1519 / 64, lora_r=8, lora_alpha=16,
-                targets=["q_proj", "k_proj", "v_proj", "o_proj"], beta=0.04, lr=1e-4, seed=0)
+WORKLOADS = {
+    "small": dict(prompts=8, group=8, max_tokens=32, mean_tokens=1519 / 64, sd_tokens=6.0, lora_r=8,
+                  lora_alpha=16, targets=["q_proj", "k_proj", "v_proj", "o_proj"], beta=0.04, lr=1e-4, seed=0,
+                  micro_batch=64, task="add", chat=False),
+    # configs/smollm2_cpu.yaml's learner: 8 word problems (chat template) x 8 completions of up to 128
+    # tokens, LoRA r 16 on every projection, beta 0 (no reference pass), micro-batches of 8
+    "smollm2": dict(prompts=8, group=8, max_tokens=128, mean_tokens=90.0, sd_tokens=30.0, lora_r=16,
+                    lora_alpha=32, targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                            "down_proj"], beta=0.0, lr=5e-4, seed=0, micro_batch=8,
+                    task="word_problems", chat=True),
+}
+WORKLOAD = dict(WORKLOADS["small"])  # the one this process runs (--workload)
 
 
 def cpu_line() -> str:
@@ -66,6 +80,15 @@ def cpu_line() -> str:
     return f"{model}; {len(os.sched_getaffinity(0))} CPUs; flags: {' '.join(have) or 'none of avx2/avx512/amx'}"
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (VmHWM)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
 def rss_mb() -> float:
     with open("/proc/self/status") as f:
         for line in f:
@@ -74,8 +97,13 @@ def rss_mb() -> float:
     return float("nan")
 
 
-def ensure_model() -> str:
+def ensure_model(workload: str = "small") -> str:
     from grpo_dist.util.procenv import PROJECT_CACHE
+
+    if workload == "smollm2":  # the packaged GGUF, converted once into the project cache
+        from grpo_dist.hub import fetch_model
+
+        return str(fetch_model("pkg:smollm2-135m-instruct"))
 
     path = os.path.join(str(PROJECT_CACHE), "bench_models", "small-untrained")
     if os.path.isfile(os.path.join(path, "config.json")):
@@ -95,12 +123,19 @@ def batches(model_dir: str, n: int):
     """``n`` seeded TrainBatches of the workload (the same prompts, new completions each)."""
     from transformers import AutoTokenizer
 
+    import grpo_dist.data.word_problems  # noqa: F401  (registers the task)
     from grpo_dist.data.synthetic import make_task
     from grpo_dist.types import TrainBatch
 
     w = WORKLOAD
     tok = AutoTokenizer.from_pretrained(model_dir)
-    prompts = [tok(r.prompt)["input_ids"] for r in make_task("add", w["prompts"], seed=w["seed"])]
+    records = make_task(w["task"], w["prompts"], seed=w["seed"])
+    if w["chat"]:
+        prompts = [tok(tok.apply_chat_template([{"role": "user", "content": r.prompt}], tokenize=False,
+                                               add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+                   for r in records]
+    else:
+        prompts = [tok(r.prompt)["input_ids"] for r in records]
     lo, hi = 1, w["max_tokens"]
     out = []
     for s in range(n):
@@ -108,8 +143,8 @@ def batches(model_dir: str, n: int):
         ids, comps = [], []
         for p in prompts:
             for _ in range(w["group"]):
-                # lengths around the workload's mean (23.7), within 1..32
-                m = max(lo, min(hi, int(round(rng.gauss(w["mean_tokens"], 6.0)))))
+                # lengths around the workload's mean, within 1..max_tokens
+                m = max(lo, min(hi, int(round(rng.gauss(w["mean_tokens"], w["sd_tokens"])))))
                 ids.append(list(p))
                 comps.append([rng.randrange(4, tok.vocab_size) for _ in range(m)])
         out.append(TrainBatch(prompt_ids=ids, completion_ids=comps, behaviour_logprobs=[],
@@ -162,7 +197,7 @@ def run_dtype(model_dir: str, spec: str, args) -> dict[str, Any]:
         lora={"r": w["lora_r"], "alpha": w["lora_alpha"], "dropout": 0.0, "target_modules": w["targets"],
               "dtype": lora_dtype or "float32"},
         rollout={"prompts_per_step": w["prompts"], "group_size": w["group"], "max_tokens": w["max_tokens"]},
-        learner={"micro_batch_size": w["prompts"] * w["group"], "lr": w["lr"], "lr_schedule": "constant"},
+        learner={"micro_batch_size": w["micro_batch"], "lr": w["lr"], "lr_schedule": "constant"},
         algo={"beta": w["beta"]}, trainer={"steps": args.warmup + args.steps + args.profile},
         cluster={"torch_threads": args.threads}))
     roof = perf.matmul_roof(getattr(torch, dtype))
@@ -183,7 +218,8 @@ def run_dtype(model_dir: str, spec: str, args) -> dict[str, Any]:
             t = update_tokens(b, packed)
             rows.append(dict(total=m["timing/learn_total"], update=m["timing/learn_update"], cpu=cpu,
                              ref=m["timing/learn_ref_old"], tokens=t, update_flops=4.0 * params * t,
-                             step_flops=6.0 * params * t,  # update (4x) + reference forward (2x)
+                             # update (4x) + the reference forward (2x) when beta > 0
+                             step_flops=(6.0 if w["beta"] > 0 else 4.0) * params * t,
                              tflops=m.get("perf/learner_tflops"), mfu=m.get("perf/mfu")))
     rss1 = rss_mb()
     med = statistics.median
@@ -196,7 +232,7 @@ def run_dtype(model_dir: str, spec: str, args) -> dict[str, Any]:
                step_gflops=med(r["step_flops"] / r["total"] for r in rows) / 1e9,
                first10_s=med(r["total"] for r in rows[:10]), last10_s=med(r["total"] for r in rows[-10:]),
                first10_cpu=med(r["cpu"] for r in rows[:10]), last10_cpu=med(r["cpu"] for r in rows[-10:]),
-               rss_after_warmup_mb=rss0, rss_end_mb=rss1,
+               rss_after_warmup_mb=rss0, rss_end_mb=rss1, peak_rss_mb=peak_rss_mb(),
                learner_tflops=med(r["tflops"] for r in rows) if rows[0]["tflops"] is not None else None,
                learner_mfu=med(r["mfu"] for r in rows) if rows[0]["mfu"] is not None else None)
     res["update_frac"] = res["update_gflops"] / res["roof_gflops"]
@@ -230,6 +266,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=50, help="timed steps per precision")
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="small",
+                   help="small: the generated 25M Llama; smollm2: SmolLM2-135M-Instruct at configs/smollm2_cpu.yaml's "
+                        "learner settings")
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--profile", type=int, default=0, help="extra steps under torch.profiler")
@@ -244,12 +283,13 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    model_dir = ensure_model()
+    WORKLOAD.update(WORKLOADS[args.workload])
+    model_dir = ensure_model(args.workload)
     if args.one:  # one precision in this process (the parent runs each in a fresh one)
         with open(args.out, "w") as f:
             json.dump(run_dtype(model_dir, args.one, args), f)
         return
-    print(f"machine: {cpu_line()}", flush=True)
+    print(f"machine: {cpu_line()}; workload {args.workload}: {WORKLOAD}", flush=True)
     print(f"torch {torch.__version__}, {args.threads} threads; load before: {os.getloadavg()}", flush=True)
     results = []
     for d in args.dtypes.split(","):
@@ -263,7 +303,7 @@ def main() -> None:
     print("| dtype | roof GFLOP/s | tokens/step | update s | update GFLOP/s | update / roof | ref s | step s | "
           "step GFLOP/s | step / roof | perf/mfu | step CPU-s | step / roof, both per CPU-s | "
           "first-10 / last-10 step s | "
-          "RSS MB warm -> end |")
+          "RSS MB warm -> end (peak) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         mfu = f"{100 * r['learner_mfu']:.0f}%" if r["learner_mfu"] is not None else "-"
@@ -271,7 +311,8 @@ def main() -> None:
               f"{r['update_gflops']:.0f} | {100 * r['update_frac']:.0f}% | {r['ref_s']:.3f} | {r['total_s']:.3f} | "
               f"{r['step_gflops']:.0f} | {100 * r['step_frac']:.0f}% | {mfu} | {r['cpu_s']:.2f} | "
               f"{100 * r['cpu_frac']:.0f}% (roof {r['cpu_roof_gflops']:.0f}) | "
-              f"{r['first10_s']:.3f} / {r['last10_s']:.3f} | {r['rss_after_warmup_mb']:.0f} -> {r['rss_end_mb']:.0f} |")
+              f"{r['first10_s']:.3f} / {r['last10_s']:.3f} | {r['rss_after_warmup_mb']:.0f} -> {r['rss_end_mb']:.0f} "
+              f"({r['peak_rss_mb']:.0f}) |")
     for r in results:
         growth = r["last10_s"] / r["first10_s"] - 1.0
         cpu_growth = r["last10_cpu"] / r["first10_cpu"] - 1.0
