@@ -237,6 +237,18 @@ def test_composite_nested_and_kwargs_win_over_columns():
     assert got == [4.0, 3.0]
 
 
+def test_composite_product_pays_a_format_bonus_only_with_the_right_answer():
+    """combine: product: math AND a boxed number; summed with math alone, the recipe's shaping."""
+    comps = ["\\boxed{9}", "9", "\\boxed{8}", "\\boxed{}"]
+    both = {"fn": "composite", "kwargs": {"combine": "product", "components": [
+        {"fn": "math"}, {"fn": "pattern", "kwargs": {"regex": r"\\boxed\{-?\d+\}"}}]}}
+    got = composite_reward(["p"] * 4, comps, components=[{"fn": "math"}, {**both, "weight": 0.1}], answer=["9"] * 4)
+    assert got == pytest.approx([1.1, 1.0, 0.0, 0.0])
+    assert composite_reward(["p"], ["x"], combine="product", components=[{"fn": "length", "weight": 2.0}]) == [2.0]
+    with pytest.raises(ValueError, match="combine must be one of"):
+        composite_reward(["p"], ["x"], combine="max", components=[{"fn": "length"}])
+
+
 def test_composite_rejects_bad_components():
     with pytest.raises(ValueError, match="non-empty"):
         composite_reward(None, ["a"], components=[])

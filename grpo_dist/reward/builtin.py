@@ -370,20 +370,28 @@ def composite_components(components: Any) -> list[tuple[str, Any, float, dict]]:
     return out
 
 
-def _check_composite(components: Any = None) -> None:
+_COMBINE = ("sum", "product")
+
+
+def _check_composite(components: Any = None, combine: str = "sum") -> None:
+    if combine not in _COMBINE:
+        raise ValueError(f"combine must be one of {_COMBINE}, got {combine!r}")
     for spec, fn, _, options in composite_components(components):
         check_options(spec, fn, options)
 
 
 @register_reward("composite", validate=_check_composite)
 def composite_reward(prompts: Sequence[Any], completions: Sequence[Any], components: Any = None,
-                     **columns: Any) -> list[float]:
+                     combine: str = "sum", **columns: Any) -> list[float]:
     """``sum_c weight_c * fn_c(prompts, completions, **columns, **kwargs_c)`` over ``components``
     (``[{"fn": spec, "weight": w, "kwargs": {...}}, ...]``; specs resolve like the config's ``fn``,
-    so builtins, plug-ins and nested composites work). A component's None entries (TRL's "not
-    applicable") add 0; a failing component makes the composite fail; NaN propagates."""
+    so builtins, plug-ins and nested composites work). ``combine="product"``: the product of the
+    weighted values instead, an AND of 0/1 rewards (a format bonus paid only with a correct answer:
+    ``[{fn: math}, {fn: pattern, ...}]``). A component's None entries (TRL's "not applicable") add 0
+    (multiply by 1); a failing component makes the composite fail; NaN propagates."""
+    _check_composite(components, combine)
     n = len(completions)
-    total = [0.0] * n
+    total = [0.0 if combine == "sum" else 1.0] * n
     for spec, fn, weight, options in composite_components(components):
         values = call_reward(fn, prompts, completions, options, columns)
         if values is None or isinstance(values, (str, bytes, dict)) or len(values) != n:
@@ -391,5 +399,5 @@ def composite_reward(prompts: Sequence[Any], completions: Sequence[Any], compone
             raise ValueError(f"component {spec!r} returned {got} values for {n} completions")
         for i, v in enumerate(values):
             if v is not None:
-                total[i] += weight * float(v)
+                total[i] = total[i] + weight * float(v) if combine == "sum" else total[i] * weight * float(v)
     return total
