@@ -172,6 +172,8 @@ def test_train_with_eval_before_false_evaluates_only_after_training(tmp_path, pr
     assert r.returncode == 0, r.stderr[-3000:]
     console = r.stdout + r.stderr
     assert "before training" not in console and "evaluating 4 held-out prompts + 4 sums after training" in console
+    # a line per phase of each set: progress through a long evaluation
+    assert "  held-out: 8 sampled completions in " in console and "  sums: 8 sampled completions in " in console
     summary = json.loads((out / "summary.json").read_text())
     assert "eval_before" not in summary and "sampled_accuracy_before" not in summary
     assert 0.0 <= summary["sampled_accuracy_after"] <= 1.0 and "greedy_accuracy_after" in summary

@@ -13,6 +13,10 @@ from typing import Any
 from grpo_dist.config import Config, ConfigError
 
 
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
 def run_eval(cfg: Config, adapter: str | None, out: str | None = None) -> dict[str, Any]:
     from grpo_dist.run.workers import create_generators
     from grpo_dist.cluster.ray_utils import init_ray, shutdown_ray, worker_log_path
@@ -40,11 +44,13 @@ def run_eval(cfg: Config, adapter: str | None, out: str | None = None) -> dict[s
               f"held-out prompts{more} ...", flush=True)
         report: dict[str, Any] = {"model": cfg.model.path, "adapter": adapter, "eval_path": cfg.data.eval_path,
                                   **({"eval_extra": dict(cfg.eval.extra)} if extra else {}),
-                                  "base": evaluate_sets(cfg, rollout, reward, records, extra, with_samples=8)}
+                                  "base": evaluate_sets(cfg, rollout, reward, records, extra, with_samples=8,
+                                                        progress=_say)}
         if adapter:
             print(f"evaluating the adapter {adapter} ...", flush=True)
             rollout.get(rollout.call("load_adapter_dir", str(Path(adapter).resolve()), 1))
-            report["adapter_eval"] = evaluate_sets(cfg, rollout, reward, records, extra, with_samples=8)
+            report["adapter_eval"] = evaluate_sets(cfg, rollout, reward, records, extra, with_samples=8,
+                                                   progress=_say)
             base = eval_metrics(report["base"])
             report["delta"] = {k.split("/", 1)[1]: v - base[k] for k, v in eval_metrics(report["adapter_eval"]).items()}
         rollout.get(rollout.call("close"))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from grpo_dist.config import Config
 from grpo_dist.reward.columns import EvalPlan, check_rewards, plan_eval
@@ -95,8 +95,11 @@ def _say_once(msg: str | None) -> None:
 
 
 def evaluate(cfg: Config, rollout: "ActorGroup", reward: "ActorGroup", records: list[Any],
-             with_samples: int = 0) -> dict[str, Any]:
-    """Metrics of the policy the rollout workers currently serve, on ``records``."""
+             with_samples: int = 0, progress: Callable[[str], None] | None = None,
+             label: str = "held-out") -> dict[str, Any]:
+    """Metrics of the policy the rollout workers currently serve, on ``records``; ``progress``
+    gets a line after each phase (sampled, greedy) of the set ``label``: a base model's long
+    answers make an evaluation take many minutes."""
     from grpo_dist.algo import pass_at_k
     from grpo_dist.orchestrator import dispatch
 
@@ -107,6 +110,10 @@ def evaluate(cfg: Config, rollout: "ActorGroup", reward: "ActorGroup", records: 
     groups = dispatch.generate(rollout, records, n=n, temperature=temp, seed=EVAL_SEED)
     scores = dispatch.score(reward, groups, functions=plan.used)
     sampled, correct = summarise(plan, groups, scores)
+    if progress:
+        acc = f"accuracy {sampled['accuracy']:.3f}" if "accuracy" in sampled else f"mean reward {sampled['mean_reward']:.3f}"
+        progress(f"  {label}: {len(scores.total)} sampled completions in {time.perf_counter() - t0:.0f} s, {acc}"
+                 + ("; greedy next" if cfg.eval.greedy else ""))
     note = plan.describe()
     if correct is not None and not plan.accuracy:  # multi-turn: the environment's reward decides
         note = (f"evaluation: accuracy and pass@k from the environment's reward (correct: env_reward >= {CORRECT_AT}); "
@@ -154,15 +161,16 @@ def evaluate(cfg: Config, rollout: "ActorGroup", reward: "ActorGroup", records: 
 
 
 def evaluate_sets(cfg: Config, rollout: "ActorGroup", reward: "ActorGroup", records: list[Any],
-                  extra: dict[str, list[Any]] | None = None, with_samples: int = 0) -> dict[str, Any]:
+                  extra: dict[str, list[Any]] | None = None, with_samples: int = 0,
+                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """:func:`evaluate` on the main held-out set, then on each ``eval.extra`` set (``extra``: name ->
     records): the main report, with each extra set's report (and its ``source``) under
     ``report["extra"][name]``."""
-    report = evaluate(cfg, rollout, reward, records, with_samples=with_samples)
+    report = evaluate(cfg, rollout, reward, records, with_samples=with_samples, progress=progress)
     if extra:
         report["extra"] = {}
         for name, recs in extra.items():
-            rep = evaluate(cfg, rollout, reward, recs, with_samples=with_samples)
+            rep = evaluate(cfg, rollout, reward, recs, with_samples=with_samples, progress=progress, label=name)
             rep["source"] = cfg.eval.extra.get(name)
             report["extra"][name] = rep
     return report

@@ -286,7 +286,7 @@ class Run:
             print(f"evaluating {len(self.eval_records)} held-out prompts{more} {when} ...", flush=True)
         t0 = time.perf_counter()
         report = evaluate_sets(self.cfg, self.workers.rollout, self.workers.reward, self.eval_records,
-                               self.extra_records)
+                               self.extra_records, progress=(lambda line: print(line, flush=True)) if when else None)
         if when:
             more = "".join(f"; {k}: {headline(v)}" for k, v in report.get("extra", {}).items())
             print(f"evaluated {when} in {time.perf_counter() - t0:.0f} s: {headline(report)}{more}", flush=True)
