@@ -80,21 +80,21 @@ def cpu_line() -> str:
     return f"{model}; {len(os.sched_getaffinity(0))} CPUs; flags: {' '.join(have) or 'none of avx2/avx512/amx'}"
 
 
-def peak_rss_mb() -> float:
-    """This process's peak resident memory (VmHWM)."""
+def _status_mb(key: str) -> float:
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) / 1024.0
     return float("nan")
 
 
 def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
+    return _status_mb("VmRSS")
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (VmHWM)."""
+    return _status_mb("VmHWM")
 
 
 def ensure_model(workload: str = "small") -> str:
@@ -197,13 +197,15 @@ def run_dtype(model_dir: str, spec: str, args) -> dict[str, Any]:
         lora={"r": w["lora_r"], "alpha": w["lora_alpha"], "dropout": 0.0, "target_modules": w["targets"],
               "dtype": lora_dtype or "float32"},
         rollout={"prompts_per_step": w["prompts"], "group_size": w["group"], "max_tokens": w["max_tokens"]},
-        learner={"micro_batch_size": w["micro_batch"], "lr": w["lr"], "lr_schedule": "constant"},
+        learner={"micro_batch_size": args.micro_batch or w["micro_batch"], "lr": w["lr"], "lr_schedule": "constant",
+                 "gradient_checkpointing": args.gradient_checkpointing},
         algo={"beta": w["beta"]}, trainer={"steps": args.warmup + args.steps + args.profile},
         cluster={"torch_threads": args.threads}))
     roof = perf.matmul_roof(getattr(torch, dtype))
     cpu_roof = cpu_time_roof(getattr(torch, dtype))
     learner = Learner(cfg, master_port=free_port())
     info = learner.setup()
+    peak_setup = peak_rss_mb()
     params = perf.non_embedding_params(learner.engine.module)
     packed = info["packing"] != "off"
     data = batches(model_dir, args.warmup + args.steps + args.profile)
@@ -232,7 +234,7 @@ def run_dtype(model_dir: str, spec: str, args) -> dict[str, Any]:
                step_gflops=med(r["step_flops"] / r["total"] for r in rows) / 1e9,
                first10_s=med(r["total"] for r in rows[:10]), last10_s=med(r["total"] for r in rows[-10:]),
                first10_cpu=med(r["cpu"] for r in rows[:10]), last10_cpu=med(r["cpu"] for r in rows[-10:]),
-               rss_after_warmup_mb=rss0, rss_end_mb=rss1, peak_rss_mb=peak_rss_mb(),
+               rss_after_warmup_mb=rss0, rss_end_mb=rss1, peak_rss_mb=peak_rss_mb(), peak_setup_mb=peak_setup,
                learner_tflops=med(r["tflops"] for r in rows) if rows[0]["tflops"] is not None else None,
                learner_mfu=med(r["mfu"] for r in rows) if rows[0]["mfu"] is not None else None)
     res["update_frac"] = res["update_gflops"] / res["roof_gflops"]
@@ -270,6 +272,8 @@ def main() -> None:
                    help="small: the generated 25M Llama; smollm2: SmolLM2-135M-Instruct at configs/smollm2_cpu.yaml's "
                         "learner settings")
     p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--micro-batch", type=int, default=0, help="learner.micro_batch_size (default: the workload's)")
+    p.add_argument("--gradient-checkpointing", action="store_true", help="learner.gradient_checkpointing: true")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--profile", type=int, default=0, help="extra steps under torch.profiler")
     p.add_argument("--json", default=None)
@@ -312,7 +316,7 @@ def main() -> None:
               f"{r['step_gflops']:.0f} | {100 * r['step_frac']:.0f}% | {mfu} | {r['cpu_s']:.2f} | "
               f"{100 * r['cpu_frac']:.0f}% (roof {r['cpu_roof_gflops']:.0f}) | "
               f"{r['first10_s']:.3f} / {r['last10_s']:.3f} | {r['rss_after_warmup_mb']:.0f} -> {r['rss_end_mb']:.0f} "
-              f"({r['peak_rss_mb']:.0f}) |")
+              f"({r['peak_rss_mb']:.0f}; {r['peak_setup_mb']:.0f} after set-up) |")
     for r in results:
         growth = r["last10_s"] / r["first10_s"] - 1.0
         cpu_growth = r["last10_cpu"] / r["first10_cpu"] - 1.0
