@@ -163,6 +163,9 @@ NUMBER_FORM_CASES = [
     ("\\boxed{-3.5}", "-7/2", 1.0),
     ("#### 72", "72", 1.0),
     ("She has 14 + 15 = 29 pencils.", "29", 1.0),                 # unmarked: the last number
+    ("14 + 15 makes 29.", "29", 1.0),                             # ... before a sentence's full stop
+    ("It costs 2.5.", "2.5", 1.0),
+    ("In all 1,234.", "1234", 1.0),
     ("\\boxed{14 + 15}", "29", 0.0),                              # an expression equal to the answer
     ("\\boxed{3 \\times 4}", "12", 0.0),
     ("\\boxed{14/2}", "7", 0.0),                                  # a share left undivided

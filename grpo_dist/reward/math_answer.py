@@ -98,7 +98,7 @@ _DECIMAL_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 _FRACTION_RE = re.compile(r"(-?)(?:\\[dt]?frac\{(\d+)\}\{(\d+)\}|(\d+)/(\d+))")
 _WRAPPER_RE = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\{([^{}]*)\}")
 _UNIT_RE = re.compile(r"(?:\s*(?:\\[,;! ]|~))*\s*[A-Za-z][A-Za-z ]*$")  # "29 cards", "5\, dollars"
-_NUMBER_TAIL_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?![\d.])")
+_NUMBER_TAIL_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?!\.?\d)")  # "29." ends a sentence
 
 
 def number_literal(candidate: tuple[str, bool]) -> str | None:
