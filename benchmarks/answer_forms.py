@@ -5,7 +5,8 @@
 Reads the W&B sample tables a ``grpo-dist train`` run logs (``logging.sample_table_every``; the
 offline run under ``<run>/wandb/``) and sorts every completion by the form of its final answer:
 
-* ``box:number``: the last ``\\boxed{}`` holds a number written out (``\\boxed{29}``);
+* ``box:number``: the last ``\\boxed{}`` holds a number written out (``\\boxed{29}``; what the
+  ``math`` reward's ``form: number`` takes as a value);
 * ``box:expr``: it holds an expression (``\\boxed{14 + 15}``: the ``math`` reward's default form
   scores it as its value);
 * ``box:empty``: an empty box (``\\boxed{}``: a pattern bonus for ``\\boxed{`` pays for it);
@@ -26,22 +27,27 @@ import glob
 import json
 import os
 import re
+import sys
 from typing import Any
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from grpo_dist.reward.math_answer import last_boxed, number_literal  # noqa: E402  (what the math reward reads)
+
 FORMS = ("box:number", "box:expr", "box:empty", "box:other", "plain:result", "plain:expr", "plain:other")
-_BOX = re.compile(r"\\boxed\{([^{}]*)\}")
-_NUMBER = re.compile(r"\$?-?\d{1,3}(?:,\d{3})*(?:\.\d+)?\$?(?:\s+[A-Za-z ]+)?")
 _OP = re.compile(r"\d\s*(?:[-+*/×÷x·]|\\times|\\cdot|\\div)\s*\d")
 _RESULT = re.compile(r"=\s*\$?-?\d[\d,.]*\D*$")
 
 
 def form(text: str) -> str:
-    boxes = _BOX.findall(text)
-    if boxes:
-        last = boxes[-1].strip()
+    last = last_boxed(text)
+    if last is not None:
+        last = last.strip()
         if not last:
             return "box:empty"
-        if _NUMBER.fullmatch(last):
+        if number_literal((last, True)) is not None:  # math's form: number would read it as a value
             return "box:number"
         return "box:expr" if _OP.search(last) else "box:other"
     tail = text.strip().splitlines()[-1] if text.strip() else ""

@@ -27,7 +27,7 @@ from grpo_dist.reward.builtin import completion_text
 from grpo_dist.reward.math_helper import HELPER
 from grpo_dist.reward.registry import register_reward
 
-__all__ = ["extract_math_answer", "math_reward", "number_literal"]
+__all__ = ["extract_math_answer", "last_boxed", "math_reward", "number_literal"]
 
 # Only the tail of a long completion is searched when no marker is found (the answer comes last).
 TAIL_CHARS = 4000
@@ -35,7 +35,7 @@ _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _ANSWER_RE = re.compile(r"<answer>((?:(?!</?answer>).)*)</answer>", re.DOTALL)
 
 
-def _last_boxed(text: str) -> str | None:
+def last_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{...}`` whose braces balance, else None."""
     for m in reversed(list(_BOX_RE.finditer(text))):
         depth, i = 1, m.end()
@@ -54,7 +54,7 @@ def extract_math_answer(text: Any) -> tuple[str, bool] | None:
     text = completion_text(text)
     if not text.strip():
         return None
-    boxed = _last_boxed(text)
+    boxed = last_boxed(text)
     if boxed is not None:
         return boxed.strip(), True
     pos = text.rfind("####")
