@@ -112,8 +112,7 @@ class Run:
         write_metrics(self.out, self.history, append=False)  # the restored steps (none for a fresh run)
         self._resume_point = self.rollouts.data_state()
         self._watch_point = self.rollouts.watch.state_dict()  # the failure counts at that point
-        self._eval_after = bool(cfg.trainer.eval_before_after and self.eval_records)
-        if self.before is None and self._eval_after and cfg.eval.before:
+        if self.before is None and self.evaluates() and cfg.eval.before:
             self.before = self.evaluate("before training")  # a resumed run keeps the original start's
             broken = self.before.get("reward_failures", {})
             if broken and cfg.reward.max_failure_rate < 1:  # a reward broken on every eval completion: stop now
@@ -238,7 +237,7 @@ class Run:
         final adapter, ``summary.json``."""
         cfg = self.cfg
         self.sync.settle(block=True)
-        after = self.evaluate("after training") if self._eval_after else None
+        after = self.evaluate("after training") if self.evaluates() else None
         if self._saved_step != self.step:  # the last step's checkpoint may be written already
             self.save(self._resume_point)
         adapter_dir = checkpoint.save_final(cfg, self.workers.learner, self.out / "adapter")
@@ -274,6 +273,10 @@ class Run:
         print(f"checkpoint saved: {path}", flush=True)
         self._saved_step = self.step
         return path
+
+    def evaluates(self) -> bool:
+        """Held-out evaluation after training (and before it, unless ``eval.before`` is false)."""
+        return bool(self.cfg.trainer.eval_before_after and self.eval_records)
 
     def wall_seconds(self) -> float:
         """The run's wall time: this segment's, plus the earlier segments' up to their last checkpoint."""
