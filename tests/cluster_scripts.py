@@ -21,6 +21,9 @@ from pathlib import Path
 from grpo_dist.util.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
+WORKER_PORTS = 20  # a node's worker ports: [workers, workers + WORKER_PORTS]
+_WORKER_SPANS: list[int] = []  # the worker spans and other ports given to the nodes of this process
+_PORTS_GIVEN: list[int] = []
 _KEEP = ("LANG", "LC_ALL", "USER", "LOGNAME", "SHELL", "TERM", "TMPDIR", "TZ",
          # the shared caches of this machine: a user's home has the compiled DeepSpeed op already
          "GRPO_DIST_CACHE", "TORCH_EXTENSIONS_DIR")
@@ -67,18 +70,30 @@ class Node:
 
 def node_ports(head: bool) -> dict[str, int]:
     """A free port for everything a node opens (Ray's fixed defaults collide with other heads on a
-    shared machine), and 20 worker ports."""
-    names = ["node_manager", "object_manager", "agent_http", "agent_grpc", "runtime_env", "metrics", "workers"]
+    shared machine), and a span of worker ports above them."""
+    names = ["node_manager", "object_manager", "agent_http", "agent_grpc", "runtime_env", "metrics"]
     if head:
         names += ["gcs", "dashboard", "client", "autoscaler_metrics", "dashboard_metrics"]
-    return {n: free_port() for n in names}
+
+    def taken(p: int) -> bool:  # by this node or by another node this process started
+        return p in ports.values() or any(w <= p <= w + WORKER_PORTS for w in _WORKER_SPANS)
+
+    ports: dict[str, int] = {}
+    for n in names:  # distinct, none inside a worker span (Ray refuses a port two components share)
+        ports[n] = next(p for p in iter(free_port, None) if not taken(p))
+    w = next(w for w in iter(free_port, None)
+             if not any(w <= p <= w + WORKER_PORTS for p in [*ports.values(), *_PORTS_GIVEN])
+             and not any(abs(w - v) <= WORKER_PORTS for v in _WORKER_SPANS))
+    _WORKER_SPANS.append(w)
+    _PORTS_GIVEN.extend(ports.values())
+    return {**ports, "workers": w}
 
 
 def port_args(p: dict[str, int]) -> list[str]:
     args = ["--node-manager-port", p["node_manager"], "--object-manager-port", p["object_manager"],
             "--dashboard-agent-listen-port", p["agent_http"], "--dashboard-agent-grpc-port", p["agent_grpc"],
             "--runtime-env-agent-port", p["runtime_env"], "--metrics-export-port", p["metrics"],
-            "--min-worker-port", p["workers"], "--max-worker-port", p["workers"] + 20]
+            "--min-worker-port", p["workers"], "--max-worker-port", p["workers"] + WORKER_PORTS]
     if "client" in p:
         args += ["--ray-client-server-port", p["client"]]
     return [str(a) for a in args]

@@ -91,6 +91,8 @@ def test_train_resume_and_eval_as_a_user_reads_them(pretrained_model_dir, tmp_pa
     assert "(RolloutActor pid=" in log and "vllm" in log.lower() and not ANSI.search(log)
     assert any(ln.startswith(f"logs      {run / 'workers.log'} ") for ln in lines), lines
     assert len(lines) <= 25, "\n".join(lines)
+    # one held-out set evaluated in seconds: no line per phase (only a long evaluation has one)
+    assert not [ln for ln in lines if "sampled completions in" in ln], lines
     print(f"first segment: exit {rc}, {took:.0f} s, {len(lines)} lines:\n" + "\n".join(lines))
     first = json.loads((run / "summary.json").read_text())
     assert first["segments"] == 1 and len(first["wandb_dirs"]) == 1

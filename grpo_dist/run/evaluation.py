@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 EVAL_SEED = 1234
 CORRECT_AT = 1.0  # a reference-checking reward at or above this marks a completion correct
+PHASE_LINE_AFTER_S = 30.0  # a one-set evaluation says "sampled done, greedy next" only when it is slow
 
 log = logging.getLogger("grpo_dist.run.evaluation")
 _said: set[str] = set()
@@ -96,10 +97,10 @@ def _say_once(msg: str | None) -> None:
 
 def evaluate(cfg: Config, rollout: "ActorGroup", reward: "ActorGroup", records: list[Any],
              with_samples: int = 0, progress: Callable[[str], None] | None = None,
-             label: str = "held-out") -> dict[str, Any]:
+             label: str = "held-out", phase_line_after_s: float = 0.0) -> dict[str, Any]:
     """Metrics of the policy the rollout workers currently serve, on ``records``; ``progress``
-    gets a line after each phase (sampled, greedy) of the set ``label``: a base model's long
-    answers make an evaluation take many minutes."""
+    gets a line after the sampled phase of the set ``label`` when it took ``phase_line_after_s``
+    or longer: a base model's long answers make an evaluation take many minutes."""
     from grpo_dist.algo import pass_at_k
     from grpo_dist.orchestrator import dispatch
 
@@ -110,7 +111,7 @@ def evaluate(cfg: Config, rollout: "ActorGroup", reward: "ActorGroup", records: 
     groups = dispatch.generate(rollout, records, n=n, temperature=temp, seed=EVAL_SEED)
     scores = dispatch.score(reward, groups, functions=plan.used)
     sampled, correct = summarise(plan, groups, scores)
-    if progress:
+    if progress and time.perf_counter() - t0 >= phase_line_after_s:
         acc = f"accuracy {sampled['accuracy']:.3f}" if "accuracy" in sampled else f"mean reward {sampled['mean_reward']:.3f}"
         progress(f"  {label}: {len(scores.total)} sampled completions in {time.perf_counter() - t0:.0f} s, {acc}"
                  + ("; greedy next" if cfg.eval.greedy else ""))
@@ -165,8 +166,10 @@ def evaluate_sets(cfg: Config, rollout: "ActorGroup", reward: "ActorGroup", reco
                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """:func:`evaluate` on the main held-out set, then on each ``eval.extra`` set (``extra``: name ->
     records): the main report, with each extra set's report (and its ``source``) under
-    ``report["extra"][name]``."""
-    report = evaluate(cfg, rollout, reward, records, with_samples=with_samples, progress=progress)
+    ``report["extra"][name]``. ``progress`` gets a line per set, or, with one set, one where its
+    sampled phase was long (PHASE_LINE_AFTER_S)."""
+    report = evaluate(cfg, rollout, reward, records, with_samples=with_samples, progress=progress,
+                      phase_line_after_s=0.0 if extra else PHASE_LINE_AFTER_S)
     if extra:
         report["extra"] = {}
         for name, recs in extra.items():
