@@ -5,16 +5,8 @@
 Reads the W&B sample tables a ``grpo-dist train`` run logs (``logging.sample_table_every``; the
 offline run under ``<run>/wandb/``) and sorts every completion by the form of its final answer:
 
-* ``box:number``: the last ``\\boxed{}`` holds a number written out (``\\boxed{29}``; what the
-  ``math`` reward's ``form: number`` takes as a value);
-* ``box:expr``: it holds an expression (``\\boxed{14 + 15}``: the ``math`` reward's default form
-  scores it as its value);
-* ``box:empty``: an empty box (``\\boxed{}``: a pattern bonus for ``\\boxed{`` pays for it);
-* ``box:other``: anything else in the box;
-* ``plain:result``: no box, the text ends on an equation's result (``12 + 7 = 19 stickers``);
-* ``plain:expr``: no box, an expression without its result last (``Emma has 12 + 7 stickers``:
-  math-verify takes the last expression, 19);
-* ``plain:other``: no box, anything else.
+The forms are those of ``grpo_dist/reward/answer_form.py`` (a run logs their shares each step as
+``rollout/answer_form/<form>`` where a ``math`` reward is configured).
 
 Prints a markdown table: per run and logged step, the share of each form, of completions cut at
 ``max_tokens``, and the mean reward.
@@ -34,26 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from grpo_dist.reward.math_answer import last_boxed, number_literal  # noqa: E402  (what the math reward reads)
-
-FORMS = ("box:number", "box:expr", "box:empty", "box:other", "plain:result", "plain:expr", "plain:other")
-_OP = re.compile(r"\d\s*(?:[-+*/×÷x·]|\\times|\\cdot|\\div)\s*\d")
-_RESULT = re.compile(r"=\s*\$?-?\d[\d,.]*\D*$")
-
-
-def form(text: str) -> str:
-    last = last_boxed(text)
-    if last is not None:
-        last = last.strip()
-        if not last:
-            return "box:empty"
-        if number_literal((last, True)) is not None:  # math's form: number would read it as a value
-            return "box:number"
-        return "box:expr" if _OP.search(last) else "box:other"
-    tail = text.strip().splitlines()[-1] if text.strip() else ""
-    if _RESULT.search(tail):
-        return "plain:result"
-    return "plain:expr" if _OP.search(tail) else "plain:other"
+from grpo_dist.reward.answer_form import FORMS, answer_form  # noqa: E402  (what a run logs each step)
 
 
 def tables(run: str) -> list[tuple[int, dict[str, Any]]]:
@@ -78,7 +51,7 @@ def rows(run: str) -> list[dict[str, Any]]:
         n = len(data) or 1
         counts = {f: 0 for f in FORMS}
         for r in data:
-            counts[form(str(r[ci]))] += 1
+            counts[answer_form(str(r[ci]))] += 1
         out.append({"run": run, "step": step, "n": len(data), **{f: c / n for f, c in counts.items()},
                     "truncated": sum(1 for r in data if fi is not None and r[fi] == "length") / n,
                     "reward": sum(float(r[ri]) for r in data) / n})

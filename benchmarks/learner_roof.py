@@ -198,7 +198,8 @@ def run_dtype(model_dir: str, spec: str, args) -> dict[str, Any]:
               "dtype": lora_dtype or "float32"},
         rollout={"prompts_per_step": w["prompts"], "group_size": w["group"], "max_tokens": w["max_tokens"]},
         learner={"micro_batch_size": args.micro_batch or w["micro_batch"], "lr": w["lr"], "lr_schedule": "constant",
-                 "gradient_checkpointing": args.gradient_checkpointing},
+                 "gradient_checkpointing": args.gradient_checkpointing,
+                 "micro_batch_tokens": args.micro_batch_tokens or None},
         algo={"beta": w["beta"]}, trainer={"steps": args.warmup + args.steps + args.profile},
         cluster={"torch_threads": args.threads}))
     roof = perf.matmul_roof(getattr(torch, dtype))
@@ -222,12 +223,14 @@ def run_dtype(model_dir: str, spec: str, args) -> dict[str, Any]:
                              ref=m["timing/learn_ref_old"], tokens=t, update_flops=4.0 * params * t,
                              # update (4x) + the reference forward (2x) when beta > 0
                              step_flops=(6.0 if w["beta"] > 0 else 4.0) * params * t,
-                             tflops=m.get("perf/learner_tflops"), mfu=m.get("perf/mfu")))
+                             tflops=m.get("perf/learner_tflops"), mfu=m.get("perf/mfu"),
+                             micro=m["train/micro_batches"]))
     rss1 = rss_mb()
     med = statistics.median
     res = dict(dtype=spec, roof_gflops=roof / 1e9, params=params, packing=info["packing"],
                tokens=med(r["tokens"] for r in rows), update_s=med(r["update"] for r in rows),
                ref_s=med(r["ref"] for r in rows), total_s=med(r["total"] for r in rows),
+               micro_batches=med(r["micro"] for r in rows),
                cpu_s=med(r["cpu"] for r in rows), load=os.getloadavg()[0],
                cpu_gflops=med(r["step_flops"] / r["cpu"] for r in rows) / 1e9,
                update_gflops=med(r["update_flops"] / r["update"] for r in rows) / 1e9,
@@ -274,6 +277,8 @@ def main() -> None:
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--micro-batch", type=int, default=0, help="learner.micro_batch_size (default: the workload's)")
     p.add_argument("--gradient-checkpointing", action="store_true", help="learner.gradient_checkpointing: true")
+    p.add_argument("--micro-batch-tokens", type=int, default=0,
+                   help="learner.micro_batch_tokens: micro-batches by a token budget (default: by count)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--profile", type=int, default=0, help="extra steps under torch.profiler")
     p.add_argument("--json", default=None)
@@ -304,14 +309,15 @@ def main() -> None:
                 results.append(json.load(f))
     print(f"load after: {os.getloadavg()}")
     print()
-    print("| dtype | roof GFLOP/s | tokens/step | update s | update GFLOP/s | update / roof | ref s | step s | "
+    print("| dtype | roof GFLOP/s | tokens/step | micro-batches | update s | update GFLOP/s | update / roof | ref s | step s | "
           "step GFLOP/s | step / roof | perf/mfu | step CPU-s | step / roof, both per CPU-s | "
           "first-10 / last-10 step s | "
           "RSS MB warm -> end (peak) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         mfu = f"{100 * r['learner_mfu']:.0f}%" if r["learner_mfu"] is not None else "-"
-        print(f"| {r['dtype']} | {r['roof_gflops']:.0f} | {r['tokens']:.0f} | {r['update_s']:.3f} | "
+        print(f"| {r['dtype']} | {r['roof_gflops']:.0f} | {r['tokens']:.0f} | {r['micro_batches']:.0f} | "
+              f"{r['update_s']:.3f} | "
               f"{r['update_gflops']:.0f} | {100 * r['update_frac']:.0f}% | {r['ref_s']:.3f} | {r['total_s']:.3f} | "
               f"{r['step_gflops']:.0f} | {100 * r['step_frac']:.0f}% | {mfu} | {r['cpu_s']:.2f} | "
               f"{100 * r['cpu_frac']:.0f}% (roof {r['cpu_roof_gflops']:.0f}) | "

@@ -134,7 +134,9 @@ def trainable_dtype(cfg: Config) -> str:
 def choices(cfg: Config) -> list[str]:
     """The defaults chosen for this machine and config, one line each, printed at start."""
     mode, why = adapter_mode(cfg)
-    lines = [f"rollout.adapter_mode -> {mode}: {why}"] if mode != "full" else []
+    lines = [cfg.model._auto_dtype] if cfg.model._auto_dtype else []
+    if mode != "full":
+        lines.append(f"rollout.adapter_mode -> {mode}: {why}")
     dtype, why = engine_dtype(cfg)
     if why.startswith("auto"):
         lines.append(f"rollout.dtype -> {dtype}: {why}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_dist.batch import build_batch, staleness_metrics
+from grpo_dist.reward.answer_form import form_metrics
 from grpo_dist.run.monitor import StepTimer
 from grpo_dist.run.run import Run, TrainingError
 from grpo_dist.types import TrainBatch
@@ -46,7 +47,8 @@ def shape(groups, scores, run: Run, metrics: dict[str, float], learner_version: 
     cfg = run.cfg
     budget, all_tokens = cfg.rollout.overlong_budget
     batch, m = build_batch(groups, scores, cfg.rollout.group_size, cfg.algo, budget, all_tokens)
-    metrics.update(m)
+    metrics.update(m)  # with a math reward, the shares of the answers' forms (its hacks show there)
+    metrics.update(form_metrics(cfg.reward.functions, (r.completion for g in groups for r in g.rollouts)))
     try:
         metrics.update(staleness_metrics(batch.adapter_versions, learner_version, cfg.trainer.max_staleness))
     except ValueError as e:

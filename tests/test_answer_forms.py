@@ -8,6 +8,8 @@ import os
 import pytest
 from scripts import load_script
 
+from grpo_dist.reward.answer_form import FORMS, answer_form, form_metrics
+
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "answer_forms.py")
 
 
@@ -18,7 +20,29 @@ SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
     ("Emma has 12 + 7 stickers.", "plain:expr"), ("I do not know.", "plain:other"), ("", "plain:other"),
 ])
 def test_forms(text, expected):
-    assert load_script(SCRIPT).form(text) == expected
+    assert answer_form(text) == expected
+
+
+def test_form_metrics_only_with_a_math_reward():
+    """A run with the math reward (directly or inside a composite) logs each form's share per step;
+    a run without one logs none."""
+    from grpo_dist.config import config_from_dict
+
+    texts = ["\\boxed{29}", "\\boxed{14 + 15}", "\\boxed{}", "Emma has 12 + 7 stickers."]
+    m = form_metrics([{"fn": "math"}], texts)
+    assert m == {"rollout/answer_form/box:number": 0.25, "rollout/answer_form/box:expr": 0.25,
+                 "rollout/answer_form/box:empty": 0.25, "rollout/answer_form/box:other": 0.0,
+                 "rollout/answer_form/plain:result": 0.0, "rollout/answer_form/plain:expr": 0.25,
+                 "rollout/answer_form/plain:other": 0.0}
+    nested = {"fn": "composite", "kwargs": {"components": [{"fn": "composite", "kwargs": {"components": [
+        {"fn": "math"}, {"fn": "length"}]}}]}}
+    assert form_metrics([{"fn": "correctness"}, nested], texts) == m
+    assert form_metrics([{"fn": "correctness"}, {"fn": "composite", "kwargs": {"components": [{"fn": "format"}]}}],
+                        texts) == {}
+    recipe = config_from_dict({"reward": {"functions": [{"fn": "math", "kwargs": {"form": "number"}},
+                                                        {"fn": "pattern", "weight": 0.1, "kwargs": {"regex": "x"}}]}})
+    assert form_metrics(recipe.reward.functions, []) == {f"rollout/answer_form/{f}": 0.0 for f in FORMS}
+    assert form_metrics(config_from_dict({}).reward.functions, texts) == {}
 
 
 def test_a_run_dir_gives_one_row_per_sample_table(tmp_path):

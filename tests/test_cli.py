@@ -107,7 +107,7 @@ def test_help_config_lists_allowed_values_and_yaml_defaults():
             head, _, default = line.partition(" = ")
             blocks[head] = [default]
     assert blocks["rollout.backend"][0] == "vllm" and blocks["rollout.backend"][-1] == "one of: vllm, hf"
-    assert blocks["model.dtype"][-1] == "one of: float32, bfloat16, float16, null"
+    assert blocks["model.dtype"][-1] == "one of: auto, float32, bfloat16, float16, null"
     assert blocks["trainer.max_staleness"][-1] == "an integer, or auto"
     assert blocks["lora.target_modules"][0] == "[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]"
     assert blocks["reward.functions"][0] == "[{name: null, fn: correctness, weight: 1.0, kwargs: {}}]"

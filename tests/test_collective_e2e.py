@@ -77,7 +77,7 @@ def test_engine_loads_buckets_in_place_without_ray(tiny_model_dir, tmp_path):
 
     other = tmp_path / "other"
     make_tiny_model(str(other), size="tiny", seed=1, log=None)
-    cfg = load_config(None, {"model": {"path": str(tiny_model_dir)},
+    cfg = load_config(None, {"model": {"path": str(tiny_model_dir), "dtype": "float32"},  # compared at 1e-4
                              "rollout": {"backend": "vllm", "max_tokens": 6, "engine_in_process": False},
                              "lora": {"enabled": False}, "sync": {"transport": "collective", "timeout_s": 60}})
     # an engine in this (pytest) process: in vLLM's own engine process, so that vLLM's process-wide

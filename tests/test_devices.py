@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from grpo_dist.config import ConfigError, config_from_dict, load_config
-from grpo_dist.devices import check_devices, engine_cpus, learner_on_gpu, torch_threads
+from grpo_dist.devices import check_devices, choices, engine_cpus, learner_on_gpu, torch_threads
 from grpo_dist.learner import state
 from grpo_dist.learner.state import MetricAccumulator, collective_device
 from grpo_dist.rollout import vllm_engine
@@ -67,10 +67,32 @@ def test_torch_threads_auto_reads_the_local_cluster_size():
         load_config(None, ["--cluster.torch_threads", "0"])
 
 
-def test_cpu_defaults_are_unchanged():
-    for cfg in (load_config("configs/tiny_cpu.yaml"), config_from_dict({})):
-        assert (cfg.model.dtype, cfg.rollout.enforce_eager, cfg.rollout.gpu_memory_utilization) == ("float32", True, 0.3)
+XEON = "model name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile\n"
+ZEN2 = "model name\t: AMD EPYC 7B12\nflags\t\t: fpu avx2\n"
+
+
+@pytest.mark.parametrize("cpuinfo,dtype,why", [
+    (XEON, "bfloat16", "this CPU (Intel(R) Xeon(R) Platinum 8480+ has AMX_BF16) computes bfloat16 natively"),
+    (ZEN2, "float32", "this CPU (AMD EPYC 7B12 has no AVX512_BF16, AMX or Arm BF16) computes bfloat16 slower"),
+])
+def test_cpu_defaults_dtype_auto_reads_the_cpu(monkeypatch, cpuinfo, dtype, why):
+    """model.dtype auto on a CPU-only config: bfloat16 where the CPU computes it natively, float32
+    elsewhere; the start block says which and why. The demo pins float32 (its matmuls are too
+    small for bfloat16 to pay)."""
+    import grpo_dist.util.cpu as cpu
+
+    real = cpu.cpu_flags
+    monkeypatch.setattr(cpu, "cpu_flags", lambda cpuinfo_=None: real(cpuinfo))
+    for cfg in (config_from_dict({}),):
+        assert (cfg.model.dtype, cfg.rollout.enforce_eager, cfg.rollout.gpu_memory_utilization) == (dtype, True, 0.3)
         assert cfg.rollout.cpu_kvcache_gb is None  # VLLM_CPU_KVCACHE_SPACE if exported, else 1 (as before)
+        assert choices(cfg)[0] == f"model.dtype auto -> {dtype}: a CPU-only config, and {why}" + \
+            ("" if dtype == "bfloat16" else " than float32")
+    pinned = load_config("configs/tiny_cpu.yaml")
+    assert pinned.model.dtype == "float32" and not any(x.startswith("model.dtype") for x in choices(pinned))
+    gpu = config_from_dict({"cluster": {"learner_gpus": 1, "rollout_gpus": 1}})
+    assert gpu.model.dtype == "bfloat16" and choices(gpu)[0] == \
+        "model.dtype auto -> bfloat16: the config gives the learner or the engines GPUs"
 
 
 @pytest.mark.parametrize("cluster,expect", [
@@ -175,13 +197,17 @@ def _gloo_rank(rank: int, port: int, out) -> None:
         dist.destroy_process_group()
 
 
-def test_metric_reduce_uses_cpu_tensors_with_gloo():
+def test_metric_reduce_uses_cpu_tensors_with_gloo(monkeypatch):
     """Two real gloo ranks: every collective gets CPU tensors, and the reduced metrics are the
     global ones (the loss summed, a token-weighted mean, the max over ranks) on both ranks."""
     import multiprocessing as mp
+    from pathlib import Path
 
     from grpo_dist.util.ports import free_port
 
+    # the spawned ranks unpickle _gloo_rank as tests.test_devices: the project root on their path
+    # (run alone, nothing else of the suite puts it there)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
     ctx = mp.get_context("spawn")
     q, port = ctx.Queue(), free_port()
     procs = [ctx.Process(target=_gloo_rank, args=(r, port, q)) for r in range(2)]

@@ -25,7 +25,7 @@ SCRIPT = f"{Path(__file__).parent / 'env_helpers.py'}:ToolScript"
 
 
 def _worker(model_dir, **rollout):
-    cfg = load_config(None, {"model": {"path": str(model_dir)}, "lora": {"enabled": False},
+    cfg = load_config(None, {"model": {"path": str(model_dir), "dtype": "float32"}, "lora": {"enabled": False},
                              "rollout": {"backend": "hf", "group_size": 4, "max_tokens": 6, "env": SCRIPT, **rollout}})
     w = RolloutWorker(cfg)
     w.setup()

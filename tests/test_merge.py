@@ -128,7 +128,8 @@ def rollout_worker(model_dir, mode, *extra, backend="hf"):
 
     cfg = load_config(None, ["--model.path", str(model_dir), "--rollout.backend", backend, "--rollout.max_tokens", "6",
                              "--rollout.group_size", "2", "--learner.micro_batch_size", "4",
-                             "--rollout.adapter_mode", mode, "--rollout.engine_in_process", "false", *extra])
+                             "--rollout.adapter_mode", mode, "--rollout.engine_in_process", "false",
+                             "--model.dtype", "float32", *extra])  # float32 unless extra says otherwise
     # a vLLM engine in this (pytest) process: in vLLM's own engine process, so that vLLM's
     # process-wide state (default process group, OpenMP binding) does not stay for later tests
     w = RolloutWorker(cfg)
@@ -230,7 +231,7 @@ def test_rollout_dtype_serves_a_rounded_copy_of_the_merged_policy(tiny_model_dir
 
 # ------------------------------------------------------------------ defaults chosen at start
 def test_adapter_mode_auto_by_device():
-    cpu = load_config(None, [])
+    cpu = load_config(None, ["--model.dtype", "float32"])
     assert adapter_mode(cpu)[0] == "merged"
     gpu = load_config(None, ["--cluster.rollout_gpus", "1", "--cluster.learner_gpus", "1"])
     assert adapter_mode(gpu)[0] == "lora"
@@ -256,7 +257,7 @@ def test_a_merging_engine_keeps_float32_weights_beside_a_bf16_learner():
     assert engine_dtype(load_config(None, ["--model.dtype", "bfloat16", "--lora.enabled", "false"]))[0] == "bfloat16"
     assert engine_dtype(load_config(None, ["--cluster.rollout_gpus", "1", "--cluster.learner_gpus", "1"]))[0] == \
         "bfloat16"  # GPUs: bf16 by default, the adapter served by vLLM's LoRA kernels
-    fp32 = load_config(None, [])
+    fp32 = load_config(None, ["--model.dtype", "float32"])
     assert engine_dtype(fp32) == ("float32", "model.dtype") and not any("rollout.dtype" in x for x in choices(fp32))
     # the learner's adapter: float32 on a 16-bit base unless lora.dtype says model (said at start)
     assert any(x.startswith("lora.dtype -> float32: the adapter's weights") for x in choices(bf16))

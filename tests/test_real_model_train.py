@@ -38,4 +38,7 @@ def test_train_two_steps_on_the_packaged_model_through_the_cli(smollm2_dir, tmp_
     print(f"2 steps: logprob_diff_behaviour max {m['train/logprob_diff_behaviour_max']:.2e} "
           f"mean {m['train/logprob_diff_behaviour_mean']:.2e}; timing {summary['mean_timing']}")
     assert m["train/logprob_diff_behaviour_max"] < LOGPROB_TOL  # vLLM's samples vs the learner, in the run
+    # the recipe's math reward: each step logs the shares of the answers' forms (where hacks show)
+    forms = {k: v for k, v in m.items() if k.startswith("rollout/answer_form/")}
+    assert len(forms) == 7 and sum(forms.values()) == pytest.approx(1.0), forms
     assert (out / "config.yaml").read_text().count(str(smollm2_dir)) == 1  # the converted dir, everywhere

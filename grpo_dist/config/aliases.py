@@ -76,6 +76,9 @@ ROWS: list[tuple[str, tuple[str, ...], tuple[str, ...], str]] = [
     ("learner.micro_batch_size", ("per_device_train_batch_size", "gradient_accumulation_steps"),
      ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",), "sequences per forward/backward per rank; "
      "gradient accumulation = the step's batch / micro_batch_size"),
+    ("learner.micro_batch_tokens", (), ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+                                        "actor_rollout_ref.actor.use_dynamic_bsz"),
+     "a token budget per micro-batch (set it to turn dynamic micro-batches on)"),
     ("learner.gradient_checkpointing", ("gradient_checkpointing",),
      ("actor_rollout_ref.model.enable_gradient_checkpointing",), ""),
     ("trainer.steps", ("max_steps", "num_train_epochs"), ("trainer.total_training_steps", "trainer.total_epochs"),

@@ -39,7 +39,8 @@ class Config(Section):
             raise _KeyError("learner.num_learners",
                              f"batch {n} (prompts_per_step * group_size) is not divisible by {self.learner.num_learners} ranks")
         per_rank_n = n // self.learner.num_learners
-        if per_rank_n > self.learner.micro_batch_size and per_rank_n % self.learner.micro_batch_size:
+        if self.learner.micro_batch_tokens is None and per_rank_n > self.learner.micro_batch_size and \
+                per_rank_n % self.learner.micro_batch_size:
             raise _KeyError("learner.micro_batch_size",
                              f"per-rank batch {n // self.learner.num_learners} is not divisible by micro_batch_size "
                              f"{self.learner.micro_batch_size} (need prompts_per_step*group_size % {per_rank} == 0)")
@@ -133,8 +134,9 @@ class Config(Section):
         """Fill the device-dependent fields left null from the config's GPU counts (never from
         what this machine has: the driver may run on a CPU-only head node)."""
         c, gpu_roll = self.cluster, self.cluster.rollout_gpus > 0
-        if self.model.dtype is None:
-            self.model.dtype = "bfloat16" if gpu_roll or c.learner_gpus > 0 else "float32"
+        if self.model.dtype in (None, "auto"):
+            self.model.dtype, why = auto_dtype(gpu_roll or c.learner_gpus > 0)
+            self.model._auto_dtype = f"model.dtype auto -> {self.model.dtype}: {why}"
         if self.rollout.enforce_eager is None:
             self.rollout.enforce_eager = not gpu_roll
         if self.rollout.streaming and self.rollout.engine_in_process:
@@ -170,6 +172,18 @@ def _inside(path: str, parent: str) -> bool:
         return True
     p, q = Path(os.path.normpath(p)), Path(os.path.normpath(q))
     return p == q or q in p.parents
+
+
+def auto_dtype(gpus: bool) -> tuple[str, str]:
+    """``model.dtype: auto``: bfloat16 on GPUs (by the config's GPU counts: the driver may run on a
+    CPU-only head node) and on a CPU with native bfloat16 arithmetic, else float32."""
+    if gpus:
+        return "bfloat16", "the config gives the learner or the engines GPUs"
+    from grpo_dist.util.cpu import bf16_native
+
+    native, why = bf16_native()
+    return ("bfloat16", f"a CPU-only config, and this CPU ({why}) computes bfloat16 natively") if native else \
+        ("float32", f"a CPU-only config, and this CPU ({why}) computes bfloat16 slower than float32")
 
 
 def auto_staleness(cfg: "Config") -> tuple[int, str]:

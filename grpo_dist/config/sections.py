@@ -27,10 +27,12 @@ class ModelConfig(Section):
                       "pkg:<name> (pkg:smollm2-135m-instruct) / a .gguf file, converted once into the project cache.")
     make_if_missing: Optional[TinyModelSpec] = Field(
         None, description="If set and model.path does not exist, generate a local tiny model there first.")
-    dtype: Optional[Literal["float32", "bfloat16", "float16"]] = Field(
-        None, description="Weights dtype for learner and vLLM (null = bfloat16 when cluster.learner_gpus or "
-        "rollout_gpus > 0, else float32).")
+    dtype: Optional[Literal["auto", "float32", "bfloat16", "float16"]] = Field(
+        "auto", description="Weights dtype for learner and vLLM. auto (or null): bfloat16 when cluster.learner_gpus "
+        "or rollout_gpus > 0, or on a CPU that computes bfloat16 natively (AVX512_BF16, AMX, Arm BF16; read on the "
+        "machine that resolves the config: the driver's), else float32. The start block says what it chose.")
     max_model_len: int = Field(256, gt=0, description="Max prompt + completion tokens.")
+    _auto_dtype: Optional[str] = PrivateAttr(None)  # why dtype auto chose what it chose
     trust_remote_code: bool = Field(False, description="Passed to transformers and vLLM.")
 
 
@@ -178,6 +180,13 @@ class LearnerConfig(Section):
     betas: tuple[float, float] = Field((0.9, 0.99), description="Adam betas.")
     grad_clip: float = Field(1.0, ge=0, description="Max grad norm (0 = off).")
     micro_batch_size: int = Field(16, gt=0, description="Sequences per forward/backward per rank (gradient accumulation above it; capped at the per-rank batch).")
+    micro_batch_tokens: Optional[int] = Field(
+        None, gt=0, description="A token budget per micro-batch instead of a count (verl's dynamic batch size): "
+        "consecutive sequences join a micro-batch while the tokens it runs through the model stay within this "
+        "(packed: a group's prompt once plus its completions; padded: rows x the longest); a longer sequence "
+        "gets one of its own. Every rank runs as many micro-batches as the rank that needs most. The gradient "
+        "is the same as with any split (the loss is normalised by the step's global counts); "
+        "learner.micro_batch_size is then unused. null: micro_batch_size sequences per micro-batch.")
     torch_adam: bool = Field(True, description="Use torch Adam in DeepSpeed (no fused-op compile; needed on CPU).")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward.")
     packing: Literal["auto", "group", "mask", "off"] = Field(

@@ -128,3 +128,46 @@ def gather_completion(window: torch.Tensor, index: torch.Tensor, valid: torch.Te
     """``[B, W]`` per-position values -> ``[B, C]`` per-completion-token values (0 where not valid)."""
     out = window.gather(1, index)
     return torch.where(valid, out, torch.zeros((), dtype=out.dtype, device=out.device))
+
+
+def range_tokens(batch: TrainBatch, rows: range, packed: bool) -> int:
+    """The tokens the rows ``rows`` run through the model: packed, every completion and a prompt
+    once per run of consecutive rows sharing it; padded, the rows times the longest sequence."""
+    if not packed:
+        return len(rows) * max(len(batch.prompt_ids[i]) + len(batch.completion_ids[i]) for i in rows)
+    total, prev = 0, None
+    for i in rows:
+        p = batch.prompt_ids[i]
+        if prev is None or list(p) != list(prev):
+            total += len(p)
+        total += len(batch.completion_ids[i])
+        prev = p
+    return total
+
+
+def token_micro_batches(batch: TrainBatch, budget: int, packed: bool, count: Optional[int] = None) -> list[range]:
+    """``learner.micro_batch_tokens``: contiguous ranges of rows, each running at most ``budget``
+    tokens (``range_tokens``; a longer sequence alone), filled greedily in order. ``count``: exactly
+    that many ranges (every rank runs the largest rank's count), the largest split further; a count
+    below what the budget needs, or above the rows, raises ValueError."""
+    n = len(batch)
+    parts: list[range] = []
+    start = 0
+    for i in range(1, n + 1):
+        if i == n or range_tokens(batch, range(start, i + 1), packed) > budget:
+            parts.append(range(start, i))
+            start = i
+    if count is None or count == len(parts):
+        return parts
+    if count > n:
+        raise ValueError(f"cannot split into {count} micro-batches of {n} sequences")
+    if count < len(parts):
+        raise ValueError(f"{count} micro-batches are fewer than the {len(parts)} a budget of {budget} tokens needs")
+    while len(parts) < count:  # split the costliest splittable range in two, at its token midpoint
+        k = max((j for j, r in enumerate(parts) if len(r) > 1), key=lambda j: range_tokens(batch, parts[j], packed))
+        r = parts[k]
+        half = range_tokens(batch, r, packed) / 2
+        cut = next((c for c in range(r.start + 1, r.stop) if range_tokens(batch, range(r.start, c), packed) >= half),
+                   r.stop - 1)
+        parts[k:k + 1] = [range(r.start, cut), range(cut, r.stop)]
+    return parts

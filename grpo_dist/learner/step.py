@@ -26,7 +26,7 @@ from grpo_dist.config import Config
 from grpo_dist.types import TrainBatch
 
 from . import perf
-from .batching import Collated, micro_batch_rows
+from .batching import Collated, micro_batch_rows, token_micro_batches
 from .layout import Layout
 from .loss import compute_loss
 from .model import PolicyModel
@@ -64,7 +64,7 @@ class TrainStep:
         t0 = time.perf_counter()
         if len(batch.advantages) != len(batch):
             raise ValueError(f"batch has {len(batch)} completions but {len(batch.advantages)} advantages")
-        micro = [self.layout.collate(batch, r) for r in micro_batch_rows(len(batch), p.gas)]
+        micro = [self.layout.collate(batch, r) for r in self._micro_rows(batch)]
         nograd_passes = 0
         selected = None
         if a.top_entropy_frac < 1.0:
@@ -111,6 +111,8 @@ class TrainStep:
                 acc.add(metrics, counts[i], len(mb.lengths))
                 if it == 0:
                     self._diagnostics(acc, logp.detach(), ent, mb, counts[i])
+                if self.cfg.learner.micro_batch_tokens:  # a count per step of its own: the boundary is ours
+                    p.engine.set_gradient_accumulation_boundary(i == len(micro) - 1)
                 p.engine.backward(loss * p.world_size, scale_wrt_gas=False)
                 if i == len(micro) - 1 and self.cfg.learner.zero_stage == 0:
                     grad_norms.append(global_norm(self._full_grads()))
@@ -129,7 +131,7 @@ class TrainStep:
         out.update({
             "train/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
             "train/lr": lr, "train/tokens": global_tokens, "train/sequences": global_seqs,
-            "train/version": float(p.version),
+            "train/version": float(p.version), "train/micro_batches": float(len(micro)),
             **({"train/ref_refreshes": float(p.reference.refreshes)} if a.ref_refresh_every else {}),
             **({"train/entropy_selected_frac": selected} if selected is not None else {}),
             **self._perf(float(sum(mb.tokens for mb in micro)), a.num_iterations, nograd_passes, t_end - t0),
@@ -137,6 +139,19 @@ class TrainStep:
             "timing/learn_update": t3 - t2, "timing/learn_total": t_end - t0,
         })
         return out
+
+    def _micro_rows(self, batch: TrainBatch) -> list[range]:
+        """This rank's micro-batches: ``gas`` near-equal ranges, or by ``learner.micro_batch_tokens``
+        (as many on every rank as the rank that needs most: ZeRO-2/3 run collectives per backward)."""
+        budget = self.cfg.learner.micro_batch_tokens
+        if not budget:
+            return micro_batch_rows(len(batch), self.policy.gas)
+        packed = self.layout.mode != "off"
+        rows = token_micro_batches(batch, budget, packed)
+        if self.policy.world_size > 1:
+            most = int(all_reduce_floats([float(len(rows))], "max")[0])
+            rows = token_micro_batches(batch, budget, packed, count=most)
+        return rows
 
     def _perf(self, tokens: float, updates: int, nograd_passes: int, seconds: float) -> dict[str, float]:
         """``perf/learner_tflops`` (this rank's model FLOPs over the step's wall time, as

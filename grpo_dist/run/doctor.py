@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from grpo_dist.util.cpu import cpu_flags
+
 MARK = "@@grpo_dist_doctor@@"
 STACK = ("torch", "transformers", "peft", "deepspeed", "ray", "vllm", "wandb")
 X86_EXTENSIONS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
@@ -58,23 +60,6 @@ def check_versions() -> Result:
     if broken:
         return Result("versions", False, "not importable: " + "; ".join(broken))
     return Result("versions", True, head + ", ".join(found))
-
-
-def cpu_flags(cpuinfo: str | None = None) -> tuple[str, set[str]]:
-    """(model name, flags) from /proc/cpuinfo (empty on other systems)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
-    model, flags = platform.processor() or platform.machine(), set()
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and value.strip():
-            model = value.strip()
-        elif key.strip() in ("flags", "Features") and not flags:
-            flags = set(value.split())
-    return model, flags
 
 
 def check_cpu(cpuinfo: str | None = None) -> Result:

@@ -19,12 +19,14 @@ from grpo_dist.types import TrainBatch
 
 
 def small_config(model_dir, *, algo=None, learner=None, lora=None, rollout=None, trainer=None,
-                 cluster=None) -> Config:
+                 cluster=None, model=None) -> Config:
     """8 sequences per step (2 prompts x G=4), micro-batches of 2, LoRA dropout 0, one torch thread
-    (``Learner.setup`` sets the process's threads from ``cluster.torch_threads``)."""
+    (``Learner.setup`` sets the process's threads from ``cluster.torch_threads``), float32 (the
+    checks of the learner's math compare against float32/float64 references at tight tolerances;
+    ``model.dtype: auto`` would pick bfloat16 on a CPU with AVX512_BF16)."""
     return config_from_dict(dict(
         cluster={"torch_threads": 1, **(cluster or {})},
-        model={"path": str(model_dir)},
+        model={"path": str(model_dir), "dtype": "float32", **(model or {})},
         lora={"dropout": 0.0, **(lora or {})},
         rollout={"prompts_per_step": 2, "group_size": 4, "max_tokens": 8, **(rollout or {})},
         learner={"micro_batch_size": 2, "lr": 2e-3, **(learner or {})},
@@ -64,7 +66,8 @@ def random_batch(n: int = 8, seed: int = 0, advantages: Optional[list[float]] = 
 
 def randomize_lora(learner, seed: int = 0, std: float = 0.05) -> None:
     """Set every LoRA B (PEFT starts it at 0) to seeded noise, identical for equal seeds, so every
-    LoRA tensor gets a gradient and the policy differs from the reference. ZeRO stage 0-2 only."""
+    LoRA tensor gets a gradient and the policy differs from the reference. ZeRO stage 0 only: the
+    float32 master partition of ZeRO-1/2 does not see it (their first update starts from B = 0)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in learner.engine.module.named_parameters():
@@ -161,10 +164,11 @@ def spawned_rank(cfg: Config, rank: int, world: int, port: int) -> Iterator[Any]
 
 def two_step_rank(rank: int, world: int, port: int, model_dir: str, out_dir: str,
                   batch: TrainBatch, batch2: TrainBatch, algo: Optional[dict] = None,
-                  model_dtype: str = "float32") -> None:
+                  model_dtype: str = "float32", learner: Optional[dict] = None) -> None:
     """``torch.multiprocessing.spawn`` target: one learner rank runs :func:`two_step_grads` on its
     shard and saves the result to ``out_dir/rank{rank}.pt``."""
-    cfg = small_config(model_dir, learner=dict(num_learners=world), algo=dict(beta=0.04, **(algo or {})))
+    cfg = small_config(model_dir, learner=dict(num_learners=world, **(learner or {})),
+                       algo=dict(beta=0.04, **(algo or {})))
     cfg.model.dtype = model_dtype
     with spawned_rank(cfg, rank, world, port) as learner:
         res = two_step_grads(learner, batch.shard(rank, world), batch2.shard(rank, world))
