@@ -42,6 +42,8 @@ Settings, run ``--rounds`` times in turn (round 1: all settings, round 2: all se
   async     grpo_dist, trainer.max_staleness 1 (generation one step ahead), 1 vLLM worker
   stream    sync with rollout.streaming true (vLLM's async engine; multi-turn: no lock step)
   sync_bf16all  sync with model.dtype bfloat16 (engine and learner in bfloat16)
+  defaults  grpo_dist at its defaults: model.dtype auto (a bfloat16 learner on a CPU with AVX512_BF16
+            or AMX; engines merging the adapter keep float32), trainer.max_staleness auto
   sync2     sync with 2 vLLM workers (each engine bound to its own cores: 1 each on 2 cores)
   async2    async with 2 vLLM workers
   sync2_bf16  sync2 with rollout.dtype bfloat16: the engines generate from bfloat16 weights, the

@@ -41,6 +41,16 @@ def test_parse_defaults_and_overrides(tc):
     assert cfg.logging.wandb_mode == "disabled" and not cfg.trainer.eval_before_after
     # the two-worker settings
     assert tc.SETTINGS["sync2"]["workers"] == tc.SETTINGS["async2"]["workers"] == 2
+    # "defaults": nothing pinned that a user would not pin (the dtype and the staleness left to auto)
+    from grpo_dist.config import load_config
+
+    d = tc.grpo_overrides("/nonexistent/model", 4, tc.SETTINGS["defaults"]["max_staleness"], "/tmp/out",
+                          tc.SETTINGS["defaults"]["overrides"])
+    cfg = load_config("configs/tiny_cpu.yaml", d + ["--model.make_if_missing", "null"])
+    from grpo_dist.config.root import auto_dtype
+
+    assert cfg.model.dtype == auto_dtype(False)[0] and cfg.model._auto_dtype
+    assert cfg.trainer.max_staleness == 0 and cfg.trainer._auto_staleness
     two = load_config(os.path.join(ROOT, "configs", "tiny_cpu.yaml"),
                       tc.grpo_overrides("/nonexistent/model", 4, 0, "/tmp/out", [], workers=2))
     assert two.rollout.num_workers == 2 and two.trainer.max_staleness == 0
@@ -131,7 +141,7 @@ def test_smollm2_workload_trl_gets_grpo_dists_prompts(tc, smollm2_dir):
 
     steps, model = 3, str(smollm2_dir)
     args, extra = tc.parse(["--model", "smollm2", "--steps", str(steps), "--skip", "1", "--rounds", "1"])
-    assert args.settings == ["trl", "trl_bf16w", "sync", "sync_bf16all"] and args.workload == "smollm2"
+    assert args.settings == ["trl", "trl_bf16w", "sync", "sync_bf16all", "defaults"] and args.workload == "smollm2"
     assert args.config.endswith(os.path.join("configs", "smollm2_cpu.yaml"))
     assert tc.parse(["--model", "smollm2", "--settings", "sync", "--steps", "2", "--skip", "1"])[0].settings == ["sync"]
 

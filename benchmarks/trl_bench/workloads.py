@@ -58,6 +58,11 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "trl_bf16w": dict(kind="trl", use_vllm=False, precision="bf16", trl_bf16=True, weights="bfloat16",
                       label="TRL, default generation, bfloat16 weights + bf16=True"),
     "sync": dict(kind="grpo", max_staleness=0, label="grpo_dist sync (max_staleness 0), 1 vLLM worker"),
+    # what a user gets without choosing: model.dtype auto (bfloat16 learner on a CPU with AVX512_BF16 or
+    # AMX; engines merging the adapter keep float32), trainer.max_staleness auto (0 on shared CPU cores)
+    "defaults": dict(kind="grpo", max_staleness="auto", precision="fp32", learner_precision="bf16",
+                     overrides=["--model.dtype", "auto"],
+                     label="grpo_dist at its defaults (model.dtype auto, max_staleness auto), 1 vLLM worker"),
     "async": dict(kind="grpo", max_staleness=1, label="grpo_dist async (max_staleness 1), 1 vLLM worker"),
     "sync_bf16all": dict(kind="grpo", max_staleness=0, precision="bf16",
                          overrides=["--model.dtype", "bfloat16", "--rollout.dtype", "bfloat16"],
@@ -89,7 +94,8 @@ STAGES = [("generate", "generate s"), ("ref_logp", "ref/old log-prob s"), ("upda
 
 # the settings run when --settings is not given
 DEFAULT_SETTINGS = {"small": [n for n in SETTINGS if n not in ("sync_bf16all", "stream")],
-                    "smollm2": ["trl", "trl_bf16w", "sync", "sync_bf16all"], "calculator": ["trl", "sync", "stream"]}
+                    "smollm2": ["trl", "trl_bf16w", "sync", "sync_bf16all", "defaults"],
+                    "calculator": ["trl", "sync", "stream"]}
 
 
 def precision(name: str) -> str:
