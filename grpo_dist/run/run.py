@@ -26,6 +26,7 @@ from grpo_dist.reward.failures import RewardFailureError
 from grpo_dist.run.monitor.tables import sample_table
 from grpo_dist.orchestrator.manager import RolloutManager
 from grpo_dist.run import checkpoint, preflight
+from grpo_dist.run.budget import TimeBudget
 from grpo_dist.run.evaluation import eval_metrics, evaluate_sets, headline
 from grpo_dist.run.monitor import Monitor, StepTimer, non_finite
 from grpo_dist.run.monitor.wandb_logger import wandb_segments
@@ -67,8 +68,7 @@ class Run:
         self.stop_requested: str | None = None  # a signal's name: stop after the current step
         self._saved_step = -1  # the step of the last checkpoint written
         self._watch_point: dict = {}  # the reward failure counts up to the last finished step
-        self._loop_t0: float | None = None  # when this process's first step started (trainer.max_minutes)
-        self._loop_steps0 = 0
+        self._budget = TimeBudget(cfg.trainer.max_minutes)
         self.stopped: str | None = None  # why training ended before trainer.steps (max_minutes)
         self.learned = 0  # the last step the learner trained on (ahead of self.step between learn and end_step)
 
@@ -87,7 +87,7 @@ class Run:
         init_ray(cfg)
         check_storage(cfg)  # cluster.shared_dir seen by every node; full weights on several nodes need it
         self.monitor = self.monitor or make_monitor(cfg)
-        for line in self._start_block() + choices(cfg):
+        for line in start_block(cfg, self.out) + choices(cfg):
             print(line, flush=True)
         t0 = time.perf_counter()
         self.workers, self.info = start_workers(cfg)
@@ -122,21 +122,6 @@ class Run:
                                     f"and run again")
         self.monitor.start(cfg.trainer.steps)
         return cfg
-
-    def _start_block(self) -> list[str]:
-        """What is being started, where the outputs go (the first lines a user reads)."""
-        c, r = self.cfg, self.cfg.rollout
-        where = f"Ray cluster at {c.cluster.address}" if c.cluster.address else \
-            f"local Ray cluster ({c.cluster.num_cpus or 'all'} CPUs)"
-        return [f"run       {self.out} (run id {c.trainer.run_id})",
-                f"model     {c.model.path} ({'LoRA r=' + str(c.lora.r) if c.lora.enabled else 'full weights'}, "
-                f"{c.model.dtype})",
-                f"cluster   {where}, layout {c.cluster.layout}",
-                f"starting  {r.num_workers} {r.backend} rollout engine(s), {c.reward.num_workers} reward actor(s), "
-                f"{c.learner.num_learners} learner rank(s); {c.trainer.steps} steps of "
-                f"{r.prompts_per_step} prompts x {r.group_size}",
-                f"logs      {self.out / 'workers.log'} (what the actors print: vLLM, Ray, DeepSpeed)" if not
-                c.logging.verbose else "logs      on the console (--verbose)"]
 
     # ------------------------------------------------------------------------------- steps
     @contextlib.contextmanager
@@ -191,23 +176,12 @@ class Run:
         return m
 
     def out_of_time(self) -> bool:
-        """``trainer.max_minutes``: True (once, with a line saying so) when the next step, at the
-        mean step time of this process so far, would end past the budget."""
-        budget = self.cfg.trainer.max_minutes
-        if budget is None:
-            return False
-        now = time.perf_counter()
-        if self._loop_t0 is None:
-            self._loop_t0, self._loop_steps0 = now, self.step
-            return False
-        done = self.step - self._loop_steps0
-        elapsed = now - self._loop_t0
-        if done == 0 or elapsed + elapsed / done <= budget * 60:
-            return False
-        self.stopped = "max_minutes"
-        print(f"trainer.max_minutes {budget:g}: stopping after step {self.step} of {self.cfg.trainer.steps} "
-              f"({elapsed / 60:.1f} min of steps, {elapsed / done:.0f} s each)", flush=True)
-        return True
+        """``trainer.max_minutes``: True (once, with a line saying so) when the next step would end
+        past the budget (``budget.TimeBudget``)."""
+        if self._budget.exhausted(self.step, self.cfg.trainer.steps):
+            self.stopped = "max_minutes"
+            return True
+        return False
 
     # ------------------------------------------------------------------------------- end
     def request_stop(self, why: str) -> None:
@@ -307,3 +281,18 @@ class Run:
             self.workers.kill()
             self.workers = None
 
+
+def start_block(cfg: Config, out: Path) -> list[str]:
+    """What is being started, where the outputs go (the first lines a user reads)."""
+    c, r = cfg, cfg.rollout
+    where = f"Ray cluster at {c.cluster.address}" if c.cluster.address else \
+        f"local Ray cluster ({c.cluster.num_cpus or 'all'} CPUs)"
+    return [f"run       {out} (run id {c.trainer.run_id})",
+            f"model     {c.model.path} ({'LoRA r=' + str(c.lora.r) if c.lora.enabled else 'full weights'}, "
+            f"{c.model.dtype})",
+            f"cluster   {where}, layout {c.cluster.layout}",
+            f"starting  {r.num_workers} {r.backend} rollout engine(s), {c.reward.num_workers} reward actor(s), "
+            f"{c.learner.num_learners} learner rank(s); {c.trainer.steps} steps of "
+            f"{r.prompts_per_step} prompts x {r.group_size}",
+            f"logs      {out / 'workers.log'} (what the actors print: vLLM, Ray, DeepSpeed)" if not
+            c.logging.verbose else "logs      on the console (--verbose)"]
