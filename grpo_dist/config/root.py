@@ -176,14 +176,18 @@ def _inside(path: str, parent: str) -> bool:
 
 def auto_dtype(gpus: bool) -> tuple[str, str]:
     """``model.dtype: auto``: bfloat16 on GPUs (by the config's GPU counts: the driver may run on a
-    CPU-only head node) and on a CPU with native bfloat16 arithmetic, else float32."""
+    CPU-only head node) and on a CPU that computes it natively (AVX512_BF16, AMX, Arm BF16; read on
+    the resolving machine), else float32."""
     if gpus:
         return "bfloat16", "the config gives the learner or the engines GPUs"
     from grpo_dist.util.cpu import bf16_native
 
     native, why = bf16_native()
-    return ("bfloat16", f"a CPU-only config, and this CPU ({why}) computes bfloat16 natively") if native else \
-        ("float32", f"a CPU-only config, and this CPU ({why}) computes bfloat16 slower than float32")
+    if native:
+        return "bfloat16", (f"a CPU-only config, and this CPU ({why}) computes bfloat16 natively; engines that "
+                            f"merge the adapter keep float32 weights (rollout.dtype), the adapter trains in float32 "
+                            f"(lora.dtype)")
+    return "float32", f"a CPU-only config, and this CPU ({why}) computes bfloat16 slower than float32"
 
 
 def auto_staleness(cfg: "Config") -> tuple[int, str]:
