@@ -4,6 +4,7 @@ resume, and a relative output_dir inside a Ray job never resolved in Ray's runti
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -23,6 +24,11 @@ def test_relative_output_dir_resolves_against_the_cwd(tmp_path, monkeypatch):
     assert cfg.output_dir == str(tmp_path / "runs" / "a") and cfg.checkpoint.dir == str(tmp_path / "ck")
     run = json.loads((tmp_path / "runs" / "a" / "run.json").read_text())
     assert run["run_id"] == cfg.trainer.run_id and len(cfg.trainer.run_id) == 12
+    # the code that ran: this checkout's commit (the tests run from one; CI from a clean clone)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)),
+                          capture_output=True, text=True)
+    assert run["code"]["grpo_dist"] and run["code"].get("commit") == (head.stdout.strip() or None)
+    assert isinstance(run["code"].get("dirty", False), bool)
     saved = load_config(tmp_path / "runs" / "a" / "config.yaml")
     assert saved.trainer.run_id == cfg.trainer.run_id and saved.output_dir == cfg.output_dir
     assert resume_command(cfg) == f"grpo-dist train --config {tmp_path / 'runs/a/config.yaml'} --checkpoint.resume auto"

@@ -47,11 +47,35 @@ def resolve_outputs(cfg: Config, write: bool = True) -> Config:
     return cfg
 
 
+def code_version() -> dict[str, Any]:
+    """The code this process runs: grpo_dist's version and, from a git checkout, its commit and
+    whether the tree differs from it (tracked files; none where git or the checkout is missing,
+    e.g. a Ray job's copy of the working dir). Two runs scored by different code are not a seed
+    pair: session 19 found two runs of one recipe that a reward fix between them had split."""
+    import subprocess
+
+    import grpo_dist
+
+    out: dict[str, Any] = {"grpo_dist": getattr(grpo_dist, "__version__", "?")}
+    here = Path(grpo_dist.__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10)
+        if sha.returncode == 0:
+            dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no", "."],
+                                   capture_output=True, text=True, timeout=10)
+            out.update(commit=sha.stdout.strip(), dirty=bool(dirty.stdout.strip()))
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return out
+
+
 def write_run_files(cfg: Config) -> None:
-    """``<output_dir>/run.json`` (the run id) and ``config.yaml`` (what the resume command reads)."""
+    """``<output_dir>/run.json`` (the run id, and the code of the latest start: ``code_version``)
+    and ``config.yaml`` (what the resume command reads)."""
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / RUN_FILE).write_text(json.dumps({"run_id": cfg.trainer.run_id}, indent=1))
+    (out / RUN_FILE).write_text(json.dumps({"run_id": cfg.trainer.run_id, "code": code_version()}, indent=1))
     (out / "config.yaml").write_text(dump_config(cfg))
 
 
