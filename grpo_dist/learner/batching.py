@@ -152,11 +152,23 @@ def token_micro_batches(batch: TrainBatch, budget: int, packed: bool, count: Opt
     below what the budget needs, or above the rows, raises ValueError."""
     n = len(batch)
     parts: list[range] = []
-    start = 0
-    for i in range(1, n + 1):
-        if i == n or range_tokens(batch, range(start, i + 1), packed) > budget:
+    start, cost, longest = 0, 0, 0
+    for i in range(n):  # range_tokens(start .. i), kept as it grows (one pass, not one sum per row)
+        p, c = batch.prompt_ids[i], len(batch.completion_ids[i])
+        if packed:
+            add = c + (len(p) if i == start or list(p) != list(batch.prompt_ids[i - 1]) else 0)
+            grown = cost + add
+        else:
+            longest_i = max(longest, len(p) + c)
+            grown = (i - start + 1) * longest_i
+        if i > start and grown > budget:  # row i opens the next micro-batch
             parts.append(range(start, i))
             start = i
+            grown = len(p) + c
+        cost = grown
+        longest = len(p) + c if i == start else max(longest, len(p) + c)
+    if n:
+        parts.append(range(start, n))
     if count is None or count == len(parts):
         return parts
     if count > n:
