@@ -132,7 +132,8 @@ class Config(Section):
 
     def _device_defaults(self) -> None:
         """Fill the device-dependent fields left null from the config's GPU counts (never from
-        what this machine has: the driver may run on a CPU-only head node)."""
+        what this machine has: the driver may run on a CPU-only head node), and ``model.dtype:
+        auto`` (on a CPU-only config, the resolving machine's CPU says whether bf16 is native)."""
         c, gpu_roll = self.cluster, self.cluster.rollout_gpus > 0
         if self.model.dtype in (None, "auto"):
             self.model.dtype, why = auto_dtype(gpu_roll or c.learner_gpus > 0)
