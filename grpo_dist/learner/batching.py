@@ -148,34 +148,35 @@ def range_tokens(batch: TrainBatch, rows: range, packed: bool) -> int:
 def token_micro_batches(batch: TrainBatch, budget: int, packed: bool, count: Optional[int] = None) -> list[range]:
     """``learner.micro_batch_tokens``: contiguous ranges of rows, each running at most ``budget``
     tokens (``range_tokens``; a longer sequence alone), filled greedily in order. ``count``: exactly
-    that many ranges (every rank runs the largest rank's count), the largest split further; a count
-    below what the budget needs, or above the rows, raises ValueError."""
-    n = len(batch)
+    that many ranges (:func:`split_micro_batches`)."""
     parts: list[range] = []
     start, cost, longest = 0, 0, 0
-    for i in range(n):  # range_tokens(start .. i), kept as it grows (one pass, not one sum per row)
-        p, c = batch.prompt_ids[i], len(batch.completion_ids[i])
-        if packed:
-            add = c + (len(p) if i == start or list(p) != list(batch.prompt_ids[i - 1]) else 0)
-            grown = cost + add
-        else:
-            longest_i = max(longest, len(p) + c)
-            grown = (i - start + 1) * longest_i
+    for i in range(len(batch)):  # range_tokens(start .. i), kept as it grows (one pass, not one sum per row)
+        p = batch.prompt_ids[i]
+        seq = len(p) + len(batch.completion_ids[i])
+        shared = i > start and list(p) == list(batch.prompt_ids[i - 1])  # packed: its prompt is in already
+        grown = cost + seq - (len(p) if shared else 0) if packed else (i - start + 1) * max(longest, seq)
         if i > start and grown > budget:  # row i opens the next micro-batch
             parts.append(range(start, i))
-            start = i
-            grown = len(p) + c
-        cost = grown
-        longest = len(p) + c if i == start else max(longest, len(p) + c)
-    if n:
-        parts.append(range(start, n))
-    if count is None or count == len(parts):
-        return parts
+            start, grown, longest = i, seq, 0
+        cost, longest = grown, max(longest, seq)
+    if len(batch):
+        parts.append(range(start, len(batch)))
+    return parts if count is None else split_micro_batches(batch, parts, count, packed, budget)
+
+
+def split_micro_batches(batch: TrainBatch, parts: list[range], count: int, packed: bool,
+                        budget: int) -> list[range]:
+    """``parts`` (:func:`token_micro_batches` of ``budget``) made exactly ``count`` ranges, the
+    costliest split at its token midpoint until there are (every rank runs the largest rank's
+    count); a count below ``len(parts)``, or above the rows, raises ValueError."""
+    n = len(batch)
     if count > n:
         raise ValueError(f"cannot split into {count} micro-batches of {n} sequences")
     if count < len(parts):
         raise ValueError(f"{count} micro-batches are fewer than the {len(parts)} a budget of {budget} tokens needs")
-    while len(parts) < count:  # split the costliest splittable range in two, at its token midpoint
+    parts = list(parts)
+    while len(parts) < count:
         k = max((j for j, r in enumerate(parts) if len(r) > 1), key=lambda j: range_tokens(batch, parts[j], packed))
         r = parts[k]
         half = range_tokens(batch, r, packed) / 2

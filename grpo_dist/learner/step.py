@@ -26,7 +26,7 @@ from grpo_dist.config import Config
 from grpo_dist.types import TrainBatch
 
 from . import perf
-from .batching import Collated, micro_batch_rows, token_micro_batches
+from .batching import Collated, micro_batch_rows, split_micro_batches, token_micro_batches
 from .layout import Layout
 from .loss import compute_loss
 from .model import PolicyModel
@@ -150,7 +150,7 @@ class TrainStep:
         rows = token_micro_batches(batch, budget, packed)
         if self.policy.world_size > 1:
             most = int(all_reduce_floats([float(len(rows))], "max")[0])
-            rows = token_micro_batches(batch, budget, packed, count=most)
+            rows = split_micro_batches(batch, rows, most, packed, budget)
         return rows
 
     def _perf(self, tokens: float, updates: int, nograd_passes: int, seconds: float) -> dict[str, float]:

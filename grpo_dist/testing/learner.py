@@ -168,8 +168,7 @@ def two_step_rank(rank: int, world: int, port: int, model_dir: str, out_dir: str
     """``torch.multiprocessing.spawn`` target: one learner rank runs :func:`two_step_grads` on its
     shard and saves the result to ``out_dir/rank{rank}.pt``."""
     cfg = small_config(model_dir, learner=dict(num_learners=world, **(learner or {})),
-                       algo=dict(beta=0.04, **(algo or {})))
-    cfg.model.dtype = model_dtype
+                       algo=dict(beta=0.04, **(algo or {})), model={"dtype": model_dtype})
     with spawned_rank(cfg, rank, world, port) as learner:
         res = two_step_grads(learner, batch.shard(rank, world), batch2.shard(rank, world))
         torch.save(res, f"{out_dir}/rank{rank}.pt")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import platform
 from pathlib import Path
 
@@ -11,13 +12,19 @@ from pathlib import Path
 BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 
 
+@functools.cache
+def _proc_cpuinfo() -> str:
+    """This machine's /proc/cpuinfo, read once per process (every config load asks: model.dtype auto)."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def cpu_flags(cpuinfo: str | None = None) -> tuple[str, set[str]]:
-    """(model name, flags) from /proc/cpuinfo (empty on other systems)."""
+    """(model name, flags) from ``cpuinfo`` (default this machine's /proc/cpuinfo; empty on other systems)."""
     if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
+        cpuinfo = _proc_cpuinfo()
     model, flags = platform.processor() or platform.machine(), set()
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
