@@ -5,6 +5,7 @@ each process-group backend gets for the learner's collectives (CPU side of
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 import torch
@@ -88,7 +89,8 @@ def test_cpu_defaults_dtype_auto_reads_the_cpu(monkeypatch, cpuinfo, dtype, why)
     monkeypatch.setattr(cpu, "cpu_flags", lambda cpuinfo_=None: real(cpuinfo))
     for cfg in (load_config("configs/smollm2_cpu.yaml"), config_from_dict({})):
         assert (cfg.model.dtype, cfg.rollout.enforce_eager, cfg.rollout.gpu_memory_utilization) == (dtype, True, 0.3)
-        assert cfg.rollout.cpu_kvcache_gb is None  # VLLM_CPU_KVCACHE_SPACE if exported, else 1 (as before)
+        # the default: VLLM_CPU_KVCACHE_SPACE if exported, else 1; the recipe sizes its own
+        assert cfg.rollout.cpu_kvcache_gb == (0.75 if cfg.data.path.startswith("builtin:word_problems") else None)
         assert choices(cfg)[0].startswith(f"model.dtype auto -> {dtype}: {why}"), choices(cfg)[0]
     pinned = load_config("configs/tiny_cpu.yaml")
     assert pinned.model.dtype == "float32" and not any(x.startswith("model.dtype") for x in choices(pinned))
@@ -167,6 +169,19 @@ def test_cpu_kvcache_precedence(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="grpo_dist.rollout"):
         assert vllm_engine.cpu_kvcache_space(3, env) == "3"
     assert "overrides" not in caplog.text
+    # a fraction of a GiB: vLLM's variable takes whole GiB only (int(), even of an empty one) and
+    # would override the engine's kv_cache_memory_bytes, so it is removed
+    assert vllm_engine.cpu_kvcache_space(0.5, env) == "0.5" and "VLLM_CPU_KVCACHE_SPACE" not in env
+    assert vllm_engine.cpu_kvcache_space(None, env) == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+
+
+def test_engine_gets_the_kv_cache_in_bytes(monkeypatch):
+    monkeypatch.setattr(vllm_engine, "_kv_set_here", None)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    kw = vllm_engine.engine_kwargs("m", cpu_kvcache_gb=0.75)
+    assert kw["kv_cache_memory_bytes"] == 3 * 2**28
+    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ
+    assert load_config(None, ["--rollout.cpu_kvcache_gb", "0.75"]).rollout.cpu_kvcache_gb == 0.75
 
 
 # ---------------------------------------------------------------------- collectives' device

@@ -138,42 +138,80 @@ def rollout_worker(model_dir, mode, *extra, backend="hf"):
     return w
 
 
-def test_merged_and_lora_workers_serve_the_same_policy(tiny_model_dir, tmp_path):
-    """The same adapter through both modes: the same greedy tokens, log-probs equal to 1e-5;
-    an adapter directory (eval) and the base (path None) through the merged worker too."""
+def serve_four(model_dir, mode, upd, adapter_dir, *extra, backend="hf"):
+    """Greedy (ids, log-probs) of a worker serving the base, version 1 (``upd``, sent), the
+    adapter directory (eval) as 2, the base again as 3; whether it loaded from memory; the
+    versions it wrote to its store."""
     recs = [PromptRecord(id=i, prompt=f"{i}+{2 * i}=", columns={}) for i in range(3)]
-    m = peft_model(tiny_model_dir, seed=1)
-    upd = as_update(m, version=1)
-    m.save_pretrained(str(tmp_path / "adapter"))
-    out = {}
-    for mode in ("lora", "merged"):
-        w = rollout_worker(tiny_model_dir, mode)
-        try:
-            base = w.generate(recs, temperature=0.0)
-            info = w.load_update(upd)
-            assert info["bytes"] == upd.nbytes  # what travelled is the adapter, in both modes
-            clocks = [info[k] for k in ("merge_s", "write_s", "load_s")]
-            assert min(clocks) >= 0 and sum(clocks) <= info["seconds"] + 1e-6
-            trained = w.generate(recs, temperature=0.0)
-            w.load_adapter_dir(str(tmp_path / "adapter"), 2)
-            from_dir = w.generate(recs, temperature=0.0)
-            w.load_adapter_dir(None, 3)
-            base_again = w.generate(recs, temperature=0.0)
-        finally:
-            w.close()
-        out[mode] = (base, trained, from_dir, base_again)
 
     def flat(groups):
         return [(r.completion_ids, r.logprobs) for g in groups for r in g.rollouts]
 
-    for a, b in zip(out["lora"], out["merged"]):
-        for (ids_a, lp_a), (ids_b, lp_b) in zip(flat(a), flat(b)):
+    w = rollout_worker(model_dir, mode, *extra, backend=backend)
+    try:
+        base = flat(w.generate(recs, temperature=0.0))
+        info = w.load_update(upd)
+        assert info["bytes"] == upd.nbytes  # what travelled is the adapter, in every mode
+        clocks = [info[k] for k in ("merge_s", "write_s", "load_s")]
+        assert min(clocks) >= 0 and sum(clocks) <= info["seconds"] + 1e-6
+        written = w.store.versions  # the versions written to disk for the engine to read
+        trained = flat(w.generate(recs, temperature=0.0))
+        w.load_adapter_dir(str(adapter_dir), 2)
+        from_dir = flat(w.generate(recs, temperature=0.0))
+        w.load_adapter_dir(None, 3)
+        base_again = flat(w.generate(recs, temperature=0.0))
+        return (base, trained, from_dir, base_again), bool(w.engine.loads_in_memory), list(written + w.store.versions)
+    finally:
+        w.close()
+
+
+def _serve_in_process_engine(model_dir, upd, adapter_dir):
+    # in a spawned process: an engine core in this process leaves vLLM's process-wide state behind
+    return serve_four(model_dir, "merged", upd, adapter_dir, "--rollout.engine_in_process", "true", backend="vllm")
+
+
+def assert_same_policy(a, b):
+    for x, y in zip(a, b):
+        for (ids_a, lp_a), (ids_b, lp_b) in zip(x, y):
             assert ids_a == ids_b
-            assert max(abs(x - y) for x, y in zip(lp_a, lp_b)) < 1e-5
-    base, trained, from_dir, base_again = out["merged"]
-    assert flat(base) != flat(trained)  # the adapter changed the policy
-    assert [x[0] for x in flat(trained)] == [x[0] for x in flat(from_dir)]
-    assert [x[0] for x in flat(base)] == [x[0] for x in flat(base_again)]
+            assert max(abs(p - q) for p, q in zip(lp_a, lp_b)) < 1e-5
+
+
+def test_merged_and_lora_workers_serve_the_same_policy(tiny_model_dir, tmp_path):
+    """The same adapter through both modes: the same greedy tokens, log-probs equal to 1e-5;
+    an adapter directory (eval) and the base (path None) through the merged worker too."""
+    m = peft_model(tiny_model_dir, seed=1)
+    upd = as_update(m, version=1)
+    m.save_pretrained(str(tmp_path / "adapter"))
+    lora, _, _ = serve_four(tiny_model_dir, "lora", upd, tmp_path / "adapter")
+    merged, in_memory, written = serve_four(tiny_model_dir, "merged", upd, tmp_path / "adapter")
+    assert not in_memory and written  # the hf engine loads a directory
+    assert_same_policy(lora, merged)
+    base, trained, from_dir, base_again = merged
+    assert base != trained  # the adapter changed the policy
+    assert [x[0] for x in trained] == [x[0] for x in from_dir]
+    assert base_again == base
+
+
+def test_an_engine_in_the_actors_process_loads_merged_versions_from_memory(tiny_model_dir, tmp_path, monkeypatch):
+    """A vLLM engine core in the worker's process (the CPU default) takes each merged version
+    weight by weight from the merger, nothing written: the same policy as the LoRA worker's, and
+    no merged checkpoint in the store."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    from pathlib import Path
+
+    m = peft_model(tiny_model_dir, seed=1)
+    upd = as_update(m, version=1)
+    m.save_pretrained(str(tmp_path / "adapter"))
+    lora, _, _ = serve_four(tiny_model_dir, "lora", upd, tmp_path / "adapter")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))  # the child unpickles tests.test_merge
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        merged, in_memory, written = pool.submit(_serve_in_process_engine, str(tiny_model_dir), upd,
+                                                 tmp_path / "adapter").result()
+    assert in_memory and written == []
+    assert_same_policy(lora, merged)
+    assert merged[0] != merged[1] and merged[3] == merged[0]
 
 
 @pytest.mark.slow

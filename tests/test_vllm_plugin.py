@@ -81,10 +81,14 @@ PROBE = textwrap.dedent("""
             for _ in range(2):
                 eng.generate([[1, 5, 6, 7]] * 4, spec)
             procs = kids()
-            cpu = lambda: sum(p.cpu_times().user + p.cpu_times().system for p in procs)
-            before = cpu()
-            time.sleep(1.5)
-            out[spin] = cpu() - before  # CPU seconds the engine's processes used while idle
+            # polling, a process is running or waiting for a core ("R"), even on a busy machine,
+            # where its sched_yield loop gets little CPU time; waiting on its socket, it sleeps
+            t0, busy, n = time.monotonic(), 0, 0
+            while time.monotonic() - t0 < 1.5:
+                busy += any(p.status() == psutil.STATUS_RUNNING for p in procs)
+                n += 1
+                time.sleep(0.005)
+            out[spin] = busy / n  # the share of the 1.5 s idle window the engine kept polling
             eng.close()
         print("IDLE_CPU " + json.dumps(out), flush=True)
 
@@ -95,9 +99,11 @@ PROBE = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_an_idle_cpu_engine_leaves_the_cores_alone(tiny_model_dir, tmp_path):
-    """Real vLLM CPU engines: in the 1.5 s after a generate call, the engine's processes use under
-    0.3 s of CPU with the plugin's window (0.05 s), and about 1 s with vLLM's own (1 s: the control
-    that shows the measurement can tell)."""
+    """Real vLLM CPU engines: in the 1.5 s after a generate call, the engine's processes poll
+    (running or runnable) for under a fifth of it with the plugin's window (0.05 s), and for about
+    two thirds with vLLM's own (1 s: the control that shows the measurement can tell). Sampled as
+    process states, not CPU time: on a busy machine a polling loop of sched_yield gets little CPU
+    time (0.16 s of the control's 1 s with three busy processes beside it) but stays runnable."""
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="0")
@@ -106,8 +112,8 @@ def test_an_idle_cpu_engine_leaves_the_cores_alone(tiny_model_dir, tmp_path):
     line = [ln for ln in p.stdout.splitlines() if ln.startswith("IDLE_CPU ")]
     assert p.returncode == 0 and line, p.stdout[-2000:] + p.stderr[-4000:]
     idle = json.loads(line[0][len("IDLE_CPU "):])
-    assert idle["0.05"] < 0.3, idle
-    assert idle["1"] > 0.6, idle
+    assert idle["0.05"] < 0.2, idle
+    assert idle["1"] > 0.45, idle
 
 
 def test_the_logging_config_file_is_deleted_when_the_process_ends(tmp_path):

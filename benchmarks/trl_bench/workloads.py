@@ -177,6 +177,7 @@ def grpo_overrides(model_path: str, steps: int, max_staleness: int, out_dir: str
         "--algo.beta", str(w["beta"]), "--algo.num_iterations", "1",
         "--learner.lr", str(w["lr"]), "--learner.warmup_steps", "0", "--learner.lr_schedule", "constant",
         "--learner.micro_batch_size", str(w["micro_batch"]),
+        "--learner.micro_batch_tokens", "null",  # TRL's micro-batches: a count (the recipe sets a token budget)
         "--trainer.steps", str(steps), "--trainer.max_staleness", str(max_staleness), "--trainer.seed", str(w["seed"]),
         "--trainer.eval_before_after", "false", "--trainer.eval_every", "0", "--checkpoint.every", "0",
         "--logging.wandb_mode", "disabled", "--logging.progress", "false", "--logging.sample_table_every", "0",

@@ -35,9 +35,9 @@ class RolloutConfig(Section):
         None, gt=0, le=1.0, description="vLLM memory fraction (GPU build). null = by layout: disaggregated "
         f"{GPU_MEM_DISAGGREGATED} x min(1, cluster.rollout_gpus), colocated {GPU_MEM_COLOCATED} (the learner shares "
         "the GPU); 0.3 on CPU, where it is unused.")
-    cpu_kvcache_gb: Optional[int] = Field(None, gt=0, description="vLLM CPU build KV-cache size in GiB. Set: wins "
-                                          "over an exported VLLM_CPU_KVCACHE_SPACE (a warning names both); null = "
-                                          "VLLM_CPU_KVCACHE_SPACE if exported, else 1.")
+    cpu_kvcache_gb: Optional[float] = Field(None, gt=0, description="vLLM CPU build KV-cache size in GiB (fractions "
+                                            "allowed: 0.5). Set: wins over an exported VLLM_CPU_KVCACHE_SPACE (a "
+                                            "warning names both); null = VLLM_CPU_KVCACHE_SPACE if exported, else 1.")
     enforce_eager: Optional[bool] = Field(None, description="Disable CUDA graphs / compilation in vLLM (null = "
                                           "false when cluster.rollout_gpus > 0, i.e. CUDA graphs on; true on CPU). "
                                           "false on CPU: vLLM compiles the model (inductor's C++ backend): engines start "

