@@ -40,8 +40,12 @@ def loop(pretrained_model_dir):
     tok = w.engine.tokenizer
     w.close()
     flat = [r for g in groups for r in g.rollouts]
-    scores = RewardResult(total=env_reward([r.prompt for r in flat], [r.completion for r in flat],
-                                           env_reward=[r.columns["env_reward"] for r in flat]), per_function={})
+    sampled = env_reward([r.prompt for r in flat], [r.completion for r in flat],
+                         env_reward=[r.columns["env_reward"] for r in flat])
+    assert sampled == [r.columns["env_reward"] or 0.0 for r in flat]
+    # the learner's step needs rewards that differ within a group: what the trajectories sampled may
+    # all agree (machine-dependent sampling; zero advantages, no gradient), so 0 / 1 alternate
+    scores = RewardResult(total=[float(i % 2) for i in range(len(flat))], per_function={})
     cfg = small_config(pretrained_model_dir, algo={"rollout_is": "truncate", "beta": 0.0})
     batch, metrics = build_batch(groups, scores, 4, cfg.algo, cfg.rollout.max_tokens)
     learner, _ = make_learner(cfg)

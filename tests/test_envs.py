@@ -68,7 +68,8 @@ def test_two_turn_environment_masks_its_tokens_at_their_positions(workers):
             assert r2.turns == 2 and r2.stop_reason == "done" and r1.finish_reason == "stop"
             n1 = len(r1.completion_ids)
             # turn 1 is exactly the single-turn completion (same seed), then the reply, then turn 2
-            assert r2.completion_ids[:n1] == r1.completion_ids and r2.logprobs[:n1] == r1.logprobs
+            assert r2.completion_ids[:n1] == r1.completion_ids  # log-probs to rounding: another batch's kernels
+            assert r2.logprobs[:n1] == pytest.approx(r1.logprobs, abs=1e-5)
             assert r2.completion_ids[n1:n1 + len(reply)] == reply
             n2 = len(r2.completion_ids) - n1 - len(reply)
             assert n2 >= 1

@@ -193,6 +193,7 @@ def test_merged_and_lora_workers_serve_the_same_policy(tiny_model_dir, tmp_path)
     assert base_again == base
 
 
+@pytest.mark.slow  # a vLLM engine start in a spawned process
 def test_an_engine_in_the_actors_process_loads_merged_versions_from_memory(tiny_model_dir, tmp_path, monkeypatch):
     """A vLLM engine core in the worker's process (the CPU default) takes each merged version
     weight by weight from the merger, nothing written: the same policy as the LoRA worker's, and

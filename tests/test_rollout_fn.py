@@ -87,7 +87,8 @@ def test_in_a_worker_the_rollouts_are_what_it_returned(pretrained_model_dir):
         for g1, g2, g3 in zip(one, groups, agroups):
             for r1, r2, r3 in zip(g1.rollouts, g2.rollouts, g3.rollouts):
                 n1 = len(r1.completion_ids)  # call 1 samples with the trajectory's seed: today's completion
-                assert r2.completion_ids[:n1] == r1.completion_ids and r2.logprobs[:n1] == r1.logprobs
+                assert r2.completion_ids[:n1] == r1.completion_ids  # log-probs to rounding (batch shapes)
+                assert r2.logprobs[:n1] == pytest.approx(r1.logprobs, abs=1e-5)
                 assert r2.completion_ids[n1:n1 + len(reply)] == reply
                 n2 = len(r2.completion_ids) - n1 - len(reply)
                 assert 1 <= n2 <= 3 and r2.loss_mask == [1] * n1 + [0] * len(reply) + [1] * n2

@@ -26,6 +26,7 @@ from grpo_dist.rollout.vllm_engine import engine_kwargs, sampling_params, to_sam
 
 class AsyncVLLMGenerator:
     tokenize = Generator.tokenize
+    loads_in_memory = False  # its engine core runs in a process of its own: versions go through the store
 
     def __init__(self, model_path: str, *, enable_lora: bool = True, **kw):
         from vllm.engine.arg_utils import AsyncEngineArgs

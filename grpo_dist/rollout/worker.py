@@ -216,7 +216,7 @@ class RolloutWorker(WeightGroupMember):
         nbytes = update.nbytes  # what was sent (the adapter), not what the engine reloads
         t0 = time.perf_counter()
         if update.is_lora and self.merger is not None:
-            if self.engine.loads_in_memory:  # merged weight by weight as the engine loads it: nothing on disk
+            if getattr(self.engine, "loads_in_memory", False):  # merged weight by weight as the engine loads it: nothing on disk
                 return update, None, nbytes, {"merge_s": 0.0, "write_s": 0.0}
             update = AdapterUpdate(update.version, self.merger.merged(update.tensors, update.peft_config, partial=True),
                                    None)
@@ -239,7 +239,7 @@ class RolloutWorker(WeightGroupMember):
             self.engine.set_adapter(version, path)
         else:
             tensors, peft_config = read_adapter_dir(path) if path is not None else (None, None)
-            if self.engine.loads_in_memory:
+            if getattr(self.engine, "loads_in_memory", False):
                 self.engine.load_state(self.merger.iter_merged(tensors, peft_config, partial=True))
             else:
                 merged = AdapterUpdate(version, self.merger.merged(tensors, peft_config, partial=True), None)
