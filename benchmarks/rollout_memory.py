@@ -29,13 +29,9 @@ KEYS = ("VmRSS", "VmHWM", "RssAnon", "RssFile")
 
 
 def status_mb() -> dict[str, int]:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, val = line.partition(":")
-            if key in KEYS:
-                out[key] = int(val.split()[0]) // 1024
-    return out
+    from learner_roof import _status_mb
+
+    return {k: int(_status_mb(k)) for k in KEYS}
 
 
 def random_update(model_dir: str, cfg, version: int):

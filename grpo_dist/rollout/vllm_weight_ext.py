@@ -59,8 +59,9 @@ class WeightGroupExtension:
 
     def grpo_receive_weights(self, seq: int) -> dict[str, Any]:
         """Receive broadcast ``seq`` of the group and load it in place; the version it carried,
-        the bytes, the seconds (receiving included), the merge's seconds (LoRA) and this process's
-        extra peak memory."""
+        the bytes, the seconds (receiving included), the adapter check's seconds (LoRA: each
+        weight is merged as the reload takes it, inside the load) and this process's extra peak
+        memory."""
         from grpo_dist.sync.buckets import receive_header, unpack
         from grpo_dist.util.memory import PeakMemory
 
