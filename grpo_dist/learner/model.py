@@ -21,6 +21,7 @@ from grpo_dist.devices import learner_on_gpu, trainable_dtype
 
 from . import group_attention
 from .batching import Collated, gather_completion
+from .dist_init import init_process_group
 from .optim import deepspeed_config, gradient_accumulation_steps, make_scheduler_factory
 from .packing import packed_token_values
 from .reference import Reference
@@ -64,7 +65,7 @@ class PolicyModel:
         t0 = time.perf_counter()
         # a rank that never joins (or dies mid-collective) becomes an error after this, not a hang
         timeout = datetime.timedelta(seconds=cfg.cluster.collective_timeout_s)
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False, timeout=timeout)
+        init_process_group(backend, timeout)  # DeepSpeed's C++ shm op is neither compiled nor loaded
         t_dist = time.perf_counter() - t0
 
         model = AutoModelForCausalLM.from_pretrained(

@@ -3,9 +3,8 @@
   versions       the stack imports, with its versions
   cpu            the CPU and its vector extensions (vLLM's CPU build needs AVX2 or AVX-512 on x86)
   gpus           the GPUs torch sees (none is fine: everything runs on CPU)
-  deepspeed op   DeepSpeed's CPU communication op is compiled (in TORCH_EXTENSIONS_DIR) and loads;
-                 ``--warmup`` compiles it when missing (slow, once per user: the cache is
-                 user-level, the same from every directory)
+  deepspeed      a learner's process group starts over gloo and all-reduces, nothing compiled
+                 (DeepSpeed's C++ shm op is turned off: ``grpo_dist.learner.dist_init``)
   ray            a local Ray cluster starts and runs a task
   vllm           a vLLM engine builds on a generated tiny model and generates
 
@@ -88,35 +87,33 @@ def check_gpus() -> Result:
     return Result("gpus", True, f"{len(names)} (CUDA {torch.version.cuda}): " + "; ".join(names))
 
 
-def op_library(ext_dir: str | os.PathLike) -> Path | None:
-    """DeepSpeed's compiled CPU communication op in ``ext_dir``, if there."""
-    found = sorted(Path(ext_dir).glob("deepspeed_shm_comm*/*.so"))
-    return found[0] if found else None
-
-
-def _child_deepspeed(warmup: bool) -> Result:
-    """In a child: init_distributed over gloo loads (or, with ``warmup``, compiles) the op."""
+def _child_deepspeed() -> Result:
+    """In a child: the learner's process group (gloo, one rank), as a run's learner joins it:
+    nothing compiled, nothing loaded from an extensions cache."""
     import torch
 
-    ext = os.environ["TORCH_EXTENSIONS_DIR"]
     if torch.cuda.is_available():
-        return Result("deepspeed op", True, "not used with CUDA (NCCL)")
-    before = op_library(ext)
-    if before is None and not warmup:
-        return Result("deepspeed op", False, f"not compiled in {ext}: `grpo-dist doctor --warmup` compiles it once "
-                                             f"(slow), else the first run does")
+        return Result("deepspeed", True, "with CUDA the learners' group is NCCL's (not checked here)")
     import deepspeed
+    import deepspeed.comm as dcomm
     import torch.distributed as dist
 
+    from grpo_dist.learner.dist_init import init_process_group
     from grpo_dist.util.ports import free_port
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+    t0 = time.perf_counter()
+    init_process_group("gloo")
+    took = time.perf_counter() - t0
+    x = torch.ones(4)
+    dcomm.all_reduce(x)
+    shm = getattr(getattr(dcomm.comm, "cdb", None), "shm_comm_op", None)
     dist.destroy_process_group()
-    lib = op_library(ext)
-    if lib is None:
-        return Result("deepspeed op", False, f"init_distributed ran but no op library appeared in {ext}")
-    return Result("deepspeed op", True, f"{'compiled now' if before is None else 'compiled'}: {lib}")
+    if shm is not None:
+        return Result("deepspeed", False, "DeepSpeed loaded its C++ shm op (a compiler and a build per node): "
+                                          "grpo_dist.learner.dist_init could not turn it off in this version")
+    return Result("deepspeed", True, f"deepspeed {deepspeed.__version__}: a gloo process group in {took:.1f} s, "
+                                     f"an all-reduce, nothing compiled")
 
 
 def _child_ray() -> Result:
@@ -175,7 +172,7 @@ def _in_child(name: str, args: list, log: Path, timeout: float) -> Result:
     t0 = time.perf_counter()
     code = (f"import json, sys; from grpo_dist.run import doctor; r = doctor.CHILD_CHECKS[{name!r}](*{args!r}); "
             f"print({MARK!r} + json.dumps(r.__dict__), flush=True)")
-    label = {"deepspeed": "deepspeed op"}.get(name, name)
+    label = name
     with open(log, "a") as f:
         f.write(f"\n===== {label} =====\n")
         f.flush()
@@ -203,11 +200,11 @@ def _last_error(log: Path) -> str | None:
     return None
 
 
-def run(warmup: bool = False, quick: bool = False, out: Callable[[str], None] = print) -> int:
+def run(quick: bool = False, out: Callable[[str], None] = print) -> int:
     """Every check, one line each; 0 when all passed, else 1. ``quick``: no Ray or vLLM check."""
     from grpo_dist.util.procenv import setup_env
 
-    env = setup_env()
+    setup_env()
     tmp = Path(tempfile.mkdtemp(prefix="grpo_dist_doctor_"))
     log = tmp / "doctor.log"
     log.touch()
@@ -223,7 +220,7 @@ def run(warmup: bool = False, quick: bool = False, out: Callable[[str], None] = 
         r.seconds = time.perf_counter() - t0
         results.append(r)
         out(r.line())
-    children = [("deepspeed", [warmup], 900)]
+    children = [("deepspeed", [], 300)]
     if not quick:
         children += [("ray", [], 300), ("vllm", [str(tmp / "tiny-model")], 900)]
     for name, args, timeout in children:
@@ -231,6 +228,6 @@ def run(warmup: bool = False, quick: bool = False, out: Callable[[str], None] = 
         results.append(r)
         out(r.line())
     failed = [r.name for r in results if not r.ok]
-    out(f"extensions cache: {env['TORCH_EXTENSIONS_DIR']}; details of the checks: {log}")
+    out(f"details of the checks: {log}")
     out("all checks passed" if not failed else f"{len(failed)} check(s) failed: {', '.join(failed)}")
     return 1 if failed else 0

@@ -1,0 +1,37 @@
+"""Joining DeepSpeed's process group without compiling anything.
+
+DeepSpeed's CPU backend JIT-compiles a C++ shared-memory all-reduce (``deepspeed_shm_comm``) the
+first time a process calls ``init_distributed``: a compiler needed on every node, ~45 s on an idle
+AVX-512 machine and 2-3 min on a busy 2-core one, once per build directory -- and every checkout
+or venv at another path wrote its own flags over the shared build directory and compiled it again
+(CI and a session on one machine took turns rebuilding it, each learner that started meanwhile
+waiting on the build's lock). The op serves only ``inference_all_reduce`` (DeepSpeed inference and
+AutoTP); training's collectives (all-reduce, reduce-scatter, all-gather, broadcast) go through
+``torch.distributed`` either way. So it is marked unavailable before the group starts.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+SHM_OP = "deepspeed_shm_comm"
+
+
+def skip_shm_op() -> None:
+    """Mark DeepSpeed's shared-memory inference all-reduce op unavailable: ``init_distributed``
+    then neither compiles nor loads it (its CPU backend falls back to ``torch.distributed``)."""
+    import deepspeed.ops
+
+    compatible = getattr(deepspeed.ops, "__compatible_ops__", None)
+    if isinstance(compatible, dict):
+        compatible[SHM_OP] = False
+
+
+def init_process_group(backend: str, timeout: datetime.timedelta | None = None) -> None:
+    """``deepspeed.init_distributed`` over ``backend`` (RANK ... MASTER_PORT from the environment),
+    with nothing compiled."""
+    import deepspeed
+
+    skip_shm_op()
+    kw = {} if timeout is None else {"timeout": timeout}
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False, **kw)
