@@ -215,7 +215,8 @@ def test_lora_adapters_over_the_group_merged_in_the_engine(ray_cluster, pretrain
         run.close()
 
 
-@pytest.mark.parametrize("streaming", [False, True])
+# pipelined without streaming (max_staleness 1): make test-all; the streaming engines' load covers the push not awaited
+@pytest.mark.parametrize("streaming", [pytest.param(False, marks=pytest.mark.heavy), True])
 def test_pipelined_and_streaming_engines_load_over_the_group(ray_cluster, pretrained_model_dir, tmp_path, streaming):
     """trainer.max_staleness 1: a push is not awaited (the learner's broadcast waits for the engines
     to finish the batch generating ahead, then they load). rollout.streaming (async actors, vLLM's

@@ -168,6 +168,7 @@ def test_hung_and_killed_engine_in_process_and_a_hung_reward_actor(pretrained_mo
     check_no_group_lost(out, None, 3)
 
 
+@pytest.mark.heavy  # make test-all: engine processes stopped or gone are reported by test_heartbeat.py in make test
 def test_killed_and_stopped_engine_processes_outside_the_actor(pretrained_model_dir, tmp_path):
     """rollout.engine_in_process false: vLLM's engine core (VLLM::EngineCore) and its CPU worker
     (VLLM::Worker) are child processes of the actor. SIGKILL the engine core mid-generation (found
@@ -209,6 +210,7 @@ def test_killed_and_stopped_engine_processes_outside_the_actor(pretrained_model_
     check_no_group_lost(out, None, 4)
 
 
+@pytest.mark.heavy  # make test-all: Ctrl-C saving and naming the resume command: test_resume_exact.py in make test
 def test_ctrl_c_during_a_hang_stops_with_the_last_checkpoint(pretrained_model_dir, tmp_path):
     out = tmp_path / "run"
     driver = start(pretrained_model_dir, out, "--trainer.steps", str(STEPS), "--cluster.heartbeat_timeout_s", "600")

@@ -69,7 +69,8 @@ def adapter_tensors(directory) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("zero", [2, 3])
+# ZeRO-3 across two Ray actors: make test-all (two ZeRO-3 ranks == one process: tests/test_learner_dist.py)
+@pytest.mark.parametrize("zero", [2, pytest.param(3, marks=pytest.mark.heavy)])
 def test_two_ranks_train_save_resume_like_one_learner(zero, local_ray, pretrained_model_dir, tmp_path,
                                                        in_process_learners):
     from grpo_dist.testing.learner import make_learner
@@ -112,6 +113,7 @@ def test_two_ranks_train_save_resume_like_one_learner(zero, local_ray, pretraine
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.heavy  # make test-all: a hung learner rank stops the run with one line: test_hangs_e2e.py in make test
 def test_hung_learner_stops_the_run_naming_checkpoint_and_resume_command(local_ray, pretrained_model_dir, tmp_path):
     """A learner rank silent past cluster.learner_timeout_s on a train step: the run stops with one
     line naming the rank, the last checkpoint and the exact resume command (no endless wait)."""

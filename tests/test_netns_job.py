@@ -123,6 +123,7 @@ def _wait_steps(job, done, out: Path, n: int, limit: float = 900) -> None:
     assert len(_steps(out)) >= n, f"step {n} not reached in {limit} s"
 
 
+@pytest.mark.heavy  # make test-all: a lost rollout node on simulated nodes is in make test (test_multinode.py)
 def test_tiny_config_on_three_hosts_survives_host_3s_link_down_on_a_host_that_joins_later(
         hosts, cluster, pretrained_model_dir):
     """The job as submitted from the operator's machine, with a relative output_dir (resolved against
@@ -183,6 +184,7 @@ def test_tiny_config_on_three_hosts_survives_host_3s_link_down_on_a_host_that_jo
     assert wb.get("hosts/rollout", "").split() == [a(4), a(4)], sorted(wb)
 
 
+@pytest.mark.heavy  # make test-all: a lost learner node on simulated nodes is in make test (test_multinode.py)
 def test_a_learner_host_killed_mid_run_stops_with_one_line_and_the_resume_command(hosts, cluster,
                                                                                   pretrained_model_dir):
     """All of host 2's processes (learner rank 1) killed after step 2: DeepSpeed's process group

@@ -41,7 +41,7 @@ def test_max_staleness_0_is_the_default_synchronous_run(ray_cluster, pretrained_
     assert all("timing/generate" in h and "timing/generate_wait" not in h for h in b.history)
 
 
-@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.heavy), 2])  # k 1 (one engine): make test-all
 def test_staleness_never_exceeds_k(k, ray_cluster, pretrained_model_dir, tmp_path):
     """k = 1: one engine; k = 2: two engines fed in chunks of one prompt (dispatch by outstanding
     work). Per sample: learner version - sample version <= k, and exactly k once the pipeline is

@@ -69,6 +69,7 @@ def test_dynamic_sampling_skips_zero_spread_groups_and_is_bounded(ray_cluster, p
         trainer.close()
 
 
+@pytest.mark.heavy  # make test-all: dynamic sampling's bound is in make test (the test above)
 def test_dynamic_sampling_with_zero_extra_rounds_keeps_everything(ray_cluster, pretrained_model_dir, tmp_path):
     """max_sampling_rounds 0: one generation round per step and every group trained on, even when
     every group has zero spread (a constant reward): nothing is dropped, nothing refilled."""
@@ -191,7 +192,9 @@ def test_full_finetuning_through_vllm_reload_weights(ray_cluster, pretrained_mod
         trainer.close()
 
 
-@pytest.mark.parametrize("mode, targets", [("lora", None), ("merged", ["v_proj", "up_proj", "down_proj"])])
+# merged (the CPU default: every vLLM run of make test serves merged versions) with a subset of targets: make test-all
+@pytest.mark.parametrize("mode, targets", [("lora", None), pytest.param("merged", ["v_proj", "up_proj", "down_proj"],
+                                                                         marks=pytest.mark.heavy)])
 def test_vllm_serves_each_version_in_both_adapter_modes(ray_cluster, pretrained_model_dir, tmp_path, mode, targets):
     """rollout.adapter_mode on vLLM's CPU build: lora (the engine runs the adapter with its LoRA
     kernels; the default on GPUs) and merged (the worker merges it into the base and the engine
@@ -281,6 +284,7 @@ def test_dead_rollout_actor_stops_the_run_with_a_clear_error(ray_cluster, pretra
         trainer.close()
 
 
+@pytest.mark.heavy  # make test-all: killed and hung actors replaced, no group lost: test_hangs_e2e.py in make test
 def test_dead_actors_are_replaced_and_their_work_reissued(ray_cluster, pretrained_model_dir, tmp_path, caplog):
     """A dead rollout actor and a dead reward actor are replaced at their ranks; the new rollout
     actor serves the learner's current weights; the step completes on fresh completions; the

@@ -52,7 +52,7 @@ def test_streaming_with_k0_is_the_batch_run(ray_cluster, pretrained_model_dir, t
     assert all(h["rollout/groups_on_engine/0"] == 4.0 for h in b.history)  # one engine, 4 groups per batch
 
 
-@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("k", [1, pytest.param(2, marks=pytest.mark.heavy)])  # k 2: make test-all (k 2's dispatch: test_pipeline_e2e)
 def test_streaming_staleness_buffer_and_early_scores(k, ray_cluster, pretrained_model_dir, tmp_path):
     t = run(pretrained_model_dir, tmp_path, True, k, steps=5, workers=k, evaluate=k == 1,
             adapter_mode="merged" if k == 1 else "lora")
@@ -76,6 +76,7 @@ def test_streaming_staleness_buffer_and_early_scores(k, ray_cluster, pretrained_
         assert all(sum(h.get(f"rollout/groups_on_engine/{r}", 0.0) for h in t.history) > 0 for r in (0, 1))
 
 
+@pytest.mark.heavy  # make test-all: queued work of a dead engine sent again: test_pipeline_e2e.py in make test
 def test_a_dead_engine_with_queued_groups_is_replaced_and_they_are_sent_again(
         ray_cluster, pretrained_model_dir, tmp_path, monkeypatch):
     """k = 2, two engines: engine 1 is killed after step 1, with groups of steps 2 and 3 on it. It
