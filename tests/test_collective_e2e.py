@@ -166,6 +166,7 @@ def test_full_weights_over_the_group_and_a_replaced_engine(ray_cluster, pretrain
         run.close()
 
 
+@pytest.mark.heavy  # make test-all: an engine replaced and loaded over the group: the test above, in make test
 def test_engine_dying_mid_broadcast_is_replaced_then_a_clear_error(ray_cluster, pretrained_model_dir, tmp_path):
     """The learner is broadcasting when engine 1's process ends: the learner's collective fails
     at once (the peer is gone), engine 0's times out (sync.timeout_s), engine 1 is replaced, a new
@@ -215,8 +216,9 @@ def test_lora_adapters_over_the_group_merged_in_the_engine(ray_cluster, pretrain
         run.close()
 
 
-# pipelined without streaming (max_staleness 1): make test-all; the streaming engines' load covers the push not awaited
-@pytest.mark.parametrize("streaming", [pytest.param(False, marks=pytest.mark.heavy), True])
+# streaming engines loading over the group: make test-all (streaming itself: test_stream_e2e.py); the
+# pipelined run (max_staleness 1, a push not awaited) stays in make test
+@pytest.mark.parametrize("streaming", [False, pytest.param(True, marks=pytest.mark.heavy)])
 def test_pipelined_and_streaming_engines_load_over_the_group(ray_cluster, pretrained_model_dir, tmp_path, streaming):
     """trainer.max_staleness 1: a push is not awaited (the learner's broadcast waits for the engines
     to finish the batch generating ahead, then they load). rollout.streaming (async actors, vLLM's

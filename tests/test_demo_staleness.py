@@ -17,7 +17,9 @@ import pytest
 from grpo_dist.config import load_config
 from grpo_dist.train import train
 
-pytestmark = pytest.mark.slow
+# two whole demo runs with 1000 x 4 evaluations (~5 min on 2 cores): a learning claim, make test-all;
+# make test checks the staleness bound and pi_old of every sample (test_pipeline_e2e.py)
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 ROOT = Path(__file__).resolve().parents[1]
 
 

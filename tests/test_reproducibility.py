@@ -49,6 +49,7 @@ def test_same_seed_twice_gives_identical_metrics(ray_cluster, pretrained_model_d
     assert cd[0] != ca[0]
 
 
+@pytest.mark.heavy  # make test-all: per-sample seeds (same seed, same run: the test above) are in make test
 def test_one_and_two_vllm_workers_sample_the_same_completions(ray_cluster, pretrained_model_dir, tmp_path):
     one, c1, lp1 = run(pretrained_model_dir, tmp_path / "one", "vllm", 1)
     two, c2, lp2 = run(pretrained_model_dir, tmp_path / "two", "vllm", 2)

@@ -37,6 +37,7 @@ def steady(history):
     return [{k: v for k, v in h.items() if not k.startswith(VARIES + STREAM_ONLY)} for h in history]
 
 
+@pytest.mark.heavy  # make test-all: streaming with k 1 (below) and the streaming engines' collective load are in make test
 def test_streaming_with_k0_is_the_batch_run(ray_cluster, pretrained_model_dir, tmp_path):
     a = run(pretrained_model_dir, tmp_path / "batch", False, 0)
     b = run(pretrained_model_dir, tmp_path / "stream", True, 0)
