@@ -69,10 +69,10 @@ def adapter_tensors(directory) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.timeout(900)
-# ZeRO-3 across two Ray actors: make test-all (two ZeRO-3 ranks == one process: tests/test_learner_dist.py)
 # make test-all: learner ranks as Ray actors rendezvous and train across nodes in make test
 # (test_multinode.py, test_netns_job.py); two ranks == one process (test_learner_dist.py)
-@pytest.mark.parametrize("zero", [pytest.param(2, marks=pytest.mark.heavy), pytest.param(3, marks=pytest.mark.heavy)])
+@pytest.mark.heavy
+@pytest.mark.parametrize("zero", [2, 3])
 def test_two_ranks_train_save_resume_like_one_learner(zero, local_ray, pretrained_model_dir, tmp_path,
                                                        in_process_learners):
     from grpo_dist.testing.learner import make_learner

@@ -172,15 +172,14 @@ def _in_child(name: str, args: list, log: Path, timeout: float) -> Result:
     t0 = time.perf_counter()
     code = (f"import json, sys; from grpo_dist.run import doctor; r = doctor.CHILD_CHECKS[{name!r}](*{args!r}); "
             f"print({MARK!r} + json.dumps(r.__dict__), flush=True)")
-    label = name
     with open(log, "a") as f:
-        f.write(f"\n===== {label} =====\n")
+        f.write(f"\n===== {name} =====\n")
         f.flush()
         try:
             r = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=f, text=True,
                                timeout=timeout, env=dict(os.environ))
         except subprocess.TimeoutExpired:
-            return Result(label, False, f"no result within {timeout:.0f} s (see {log})", time.perf_counter() - t0)
+            return Result(name, False, f"no result within {timeout:.0f} s (see {log})", time.perf_counter() - t0)
         f.write(r.stdout)
     for ln in reversed(r.stdout.splitlines()):
         if ln.startswith(MARK):
@@ -188,7 +187,7 @@ def _in_child(name: str, args: list, log: Path, timeout: float) -> Result:
             res.seconds = time.perf_counter() - t0
             return res
     err = _last_error(log) or f"exit code {r.returncode}"
-    return Result(label, False, f"{err} (see {log})", time.perf_counter() - t0)
+    return Result(name, False, f"{err} (see {log})", time.perf_counter() - t0)
 
 
 def _last_error(log: Path) -> str | None:
