@@ -27,6 +27,8 @@ from grpo_dist.envs.sandbox import STUB, SandboxLimits, isolation, run_python
 from grpo_dist.types import PromptRecord
 
 ISO = isolation()
+# Landlock's refusal, or a path beneath a directory the sandbox hides (/tmp, /run: test_sandbox_sockets.py)
+REFUSED = {"PermissionError", "FileNotFoundError"}
 
 
 
@@ -101,7 +103,8 @@ def test_writes_outside_its_directory_are_refused(tmp_path):
             f"try:\n    os.remove({str(target.parent)!r} + '/keep')\nexcept OSError as e:\n    print(type(e).__name__)\n")
     (tmp_path / "keep").write_text("keep")
     r = run_python_sync(code)
-    assert r.stdout.splitlines() == ["ok", "PermissionError", "PermissionError", "PermissionError", "PermissionError"]
+    out = r.stdout.splitlines()
+    assert out[0] == "ok" and len(out) == 5 and set(out[1:]) <= REFUSED, out
     assert not target.exists() and not os.path.exists("/tmp/grpo-sandbox-escape") and (tmp_path / "keep").exists()
 
 
@@ -124,7 +127,7 @@ def test_the_home_the_project_and_other_files_are_unreadable(tmp_path):
     r = run_python_sync(code)
     assert r.ok, r.text()
     lines = r.stdout.splitlines()
-    assert lines[0] == "True 0.3" and lines[1:1 + len(targets)] == ["PermissionError"] * len(targets)
+    assert lines[0] == "True 0.3" and set(lines[1:1 + len(targets)]) <= REFUSED, lines
     assert lines[1 + len(targets):] == (["6"] if importlib.util.find_spec("numpy") else [])
 
 

@@ -1,5 +1,5 @@
-"""The sandbox child's bootstrap: its directory's tmpfs, limits, Landlock, the seccomp filter,
-then the user's script (see sandbox.py).
+"""The sandbox child's bootstrap: its directory's tmpfs, the host's socket directories hidden,
+limits, Landlock, the seccomp filter, then the user's script (see sandbox.py).
 
 This file's own text is what the child runs (``python -I -c STUB conf``, after _seccomp.py's
 text), so it imports only the standard library; in the parent it only provides
@@ -27,7 +27,7 @@ MAKE_ALL = sum(1 << b for b in range(6, 13))  # char, dir, reg, sock, fifo, bloc
 REFER, TRUNCATE, IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
 NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1  # ABI 4
 SCOPE_ABSTRACT_UNIX, SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI 6
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC = 2, 4, 8, 4096, 16384
 # what the interpreter may read besides its own installation (and exec: the loader, the libraries)
 SYSTEM_EXEC_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib")
 SYSTEM_READ_DIRS = ("/usr/share/zoneinfo",)
@@ -58,6 +58,33 @@ def mount_dir_tmpfs(path: str, size_mb: int, inodes: int) -> None:
     opts = f"size={size_mb}m,nr_inodes={inodes},mode=0700".encode()
     if _libc().mount(b"tmpfs", path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, opts) != 0:
         raise OSError(ctypes.get_errno(), f"mount tmpfs on {path}")
+
+
+def hide_dirs(dirs: list, keep: list) -> None:
+    """Mount an empty tmpfs over each of ``dirs`` (where sockets live: /tmp, /run, /dev/shm...;
+    needs this process's own mount namespace), then bind each path of ``keep`` that lay beneath
+    one of them (the working directory, the Python installation) back at its own name, so only
+    what the code needs stays in view. Raises OSError if the kernel refuses."""
+    libc = _libc()
+
+    def beneath(p, d):
+        return p == d or p.startswith(d.rstrip("/") + "/")
+
+    held = [(p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in keep
+            if os.path.exists(p) and any(beneath(p, d) for d in dirs)]
+    for d in dirs:
+        if libc.mount(b"tmpfs", d.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+                      b"size=1m,nr_inodes=1024,mode=0755") != 0:
+            raise OSError(ctypes.get_errno(), f"mount tmpfs on {d}")
+    for p, fd in held:
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            os.makedirs(p, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            open(p, "a").close()
+        if libc.mount(f"/proc/self/fd/{fd}".encode(), p.encode(), None, _MS_BIND | _MS_REC, None) != 0:
+            raise OSError(ctypes.get_errno(), f"bind {p} back after hiding its parent")
+        os.close(fd)
 
 
 def restrict(workdir: str, abi: int, read_dirs: list, read_files: list) -> None:
@@ -125,6 +152,11 @@ def _main() -> None:
                 f.write(source)
         except OSError as e:
             _refuse("the directory's tmpfs", e)
+    if conf.get("hide_dirs"):
+        try:
+            hide_dirs(conf["hide_dirs"], [work] + conf["read_dirs"] + conf["read_files"] + conf["keep"])
+        except OSError as e:
+            _refuse("hiding the host's socket directories", e)
     os.chdir(work)
     mib = 1 << 20
     for res, value in ((resource.RLIMIT_CPU, (conf["cpu_s"], conf["cpu_s"] + 1)),

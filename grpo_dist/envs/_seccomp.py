@@ -15,7 +15,10 @@ bootstrap), so it imports only the standard library. The filter, for x86-64 and 
   fanotify_init, lookup_dcookie, open_by_handle_at, name_to_handle_at, iopl, ioperm;
 * clone3 fails with ENOSYS (its flags sit behind a pointer a filter cannot read; glibc then
   falls back to clone, whose flags are checked);
-* socket and socketpair succeed for AF_UNIX only (EPERM for every other family).
+* no socket reaches past the process tree: socket() fails for every family (AF_UNIX included:
+  a pathname or abstract Unix socket is a door to whatever listens outside, Ray's raylet,
+  D-Bus, docker.sock), and so do connect() and bind(); socketpair() succeeds for a connected
+  AF_UNIX SOCK_STREAM pair only (asyncio's self-pipe; a datagram pair could ``sendto`` a path).
 
 Not filtered: everything else, among it the file system calls (Landlock's job), signals (the
 PID namespace and Landlock's scope), ioctl, prctl, personality and memory mapping.
@@ -28,7 +31,9 @@ import platform
 _EPERM, _ENOSYS = 1, 38
 _RET_ALLOW, _RET_KILL_PROCESS, _RET_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
 _LD_ABS_W, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
-_NR, _ARCH, _ARG0 = 0, 4, 16  # offsets in struct seccomp_data (little-endian: arg0's low 32 bits)
+_NR, _ARCH, _ARG0, _ARG1 = 0, 4, 16, 24  # offsets in struct seccomp_data (little-endian: args' low 32 bits)
+_AND_K = 0x54  # BPF_ALU | BPF_AND | BPF_K
+_SOCK_STREAM, _SOCK_TYPE_MASK = 1, 0xF  # the type's low bits; SOCK_CLOEXEC / SOCK_NONBLOCK sit above
 _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
 _AF_UNIX = 1
 _X32_BIT = 0x40000000
@@ -50,6 +55,7 @@ _DENIED = {
     "name_to_handle_at": (303, 264), "iopl": (172, None), "ioperm": (173, None),
 }
 _CLONE, _CLONE3, _SOCKET, _SOCKETPAIR = (56, 220), (435, 435), (41, 198), (53, 199)
+_CONNECT, _BIND = (42, 203), (49, 200)
 # AUDIT_ARCH_X86_64, AUDIT_ARCH_AARCH64, and each one's column in the tables above
 _ARCHES = {"x86_64": (0xC000003E, 0), "amd64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1), "arm64": (0xC00000B7, 1)}
 
@@ -87,9 +93,11 @@ def filter_program(machine: str | None = None) -> list[tuple[int, int, int, int]
     # clone: no CLONE_NEW* flag (arg 0 on both architectures)
     p += [(_JEQ, 0, 4, _CLONE[col]), (_LD_ABS_W, 0, 0, _ARG0), (_JSET, 0, 1, _CLONE_NEW), (_RET, 0, 0, errno),
           (_RET, 0, 0, _RET_ALLOW)]
-    for nr in (_SOCKET[col], _SOCKETPAIR[col]):  # AF_UNIX only
-        p += [(_JEQ, 0, 4, nr), (_LD_ABS_W, 0, 0, _ARG0), (_JEQ, 0, 1, _AF_UNIX), (_RET, 0, 0, _RET_ALLOW),
-              (_RET, 0, 0, errno)]
+    for nrs in (_SOCKET, _CONNECT, _BIND):
+        p += [(_JEQ, 0, 1, nrs[col]), (_RET, 0, 0, errno)]
+    # socketpair: a connected AF_UNIX stream pair only
+    p += [(_JEQ, 0, 7, _SOCKETPAIR[col]), (_LD_ABS_W, 0, 0, _ARG0), (_JEQ, 0, 4, _AF_UNIX), (_LD_ABS_W, 0, 0, _ARG1),
+          (_AND_K, 0, 0, _SOCK_TYPE_MASK), (_JEQ, 0, 1, _SOCK_STREAM), (_RET, 0, 0, _RET_ALLOW), (_RET, 0, 0, errno)]
     return p + [(_RET, 0, 0, _RET_ALLOW)]
 
 

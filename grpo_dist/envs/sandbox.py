@@ -11,14 +11,19 @@ What it does, each part only where the OS allows it without root (:func:`isolati
 * an empty temporary working directory (also ``HOME`` and ``TMPDIR``), deleted afterwards;
 * a scrubbed environment: only ``PATH``, ``HOME``, ``TMPDIR``, ``LANG``; nothing of the parent's;
 * namespaces (``unshare --map-current-user --keep-caps -n -p -f --mount-proc``, util-linux):
-  no network (an empty network namespace: only a loopback that is down), its own PID namespace
-  and /proc,
+  no network (an empty network namespace: only a loopback that is down; abstract Unix sockets
+  are per network namespace too), its own PID namespace and /proc,
   so the parent's processes (and their ``/proc/<pid>/environ``) are out of sight, and everything
   it started dies with it;
 * a size bound on the working directory in sum (with namespaces): a private tmpfs of
   ``dir_mb`` MiB and ``dir_files`` files mounted over it in the child's own mount namespace, so
   writing past it fails with ENOSPC (``file_mb`` still bounds each file); it vanishes with the
   namespace;
+* the host's socket directories hidden (with namespaces): an empty tmpfs over ``/tmp``,
+  ``/var/tmp``, ``/run`` (``/var/run``), ``/dev/shm``, ``$RAY_TMPDIR`` and ``$XDG_RUNTIME_DIR``
+  in the child's mount namespace, the working directory (and the Python installation, where it
+  lies beneath one) bound back at its own name: Ray's raylet and object store, D-Bus,
+  docker.sock are not there to connect to;
 * Landlock (Linux >= 5.13, unprivileged): reads only beneath the working directory, the Python
   installation (``sys.base_prefix``), the environment's site-packages (``site_packages``, on by
   default: models' code imports numpy or sympy), the system's library directories, a few files
@@ -30,8 +35,10 @@ What it does, each part only where the OS allows it without root (:func:`isolati
   bind/connect, with ABI >= 6 no signals to processes outside;
 * a seccomp filter (x86-64 and arm64, where the kernel has seccomp filters): no ptrace or other
   processes' memory, no mount or new namespaces, no bpf, perf_event_open, io_uring, keyrings,
-  kexec or modules, sockets of the AF_UNIX family only (grpo_dist/envs/_seccomp.py lists it
-  all, and what it leaves unfiltered).
+  kexec or modules, no socket() of any family (AF_UNIX included), connect() or bind(): only a
+  connected Unix stream pair from socketpair() (grpo_dist/envs/_seccomp.py lists it all, and
+  what it leaves unfiltered). Without seccomp the sandbox refuses to run code (exit 125) unless
+  ``allow_unix_sockets`` is set: nothing else stops a connect() to a pathname Unix socket.
 
 The child refuses to run (exit 125) if a wall that :func:`isolation` reported (tmpfs, Landlock,
 seccomp) cannot be applied: it fails closed. Where the kernel lacks one, :func:`isolation` says
@@ -84,6 +91,8 @@ class SandboxLimits:
     site_packages: bool = True
     wall_s: float = 10.0
     open_files: int = 64
+    # run even where no wall keeps the code from Unix sockets outside (a kernel without seccomp)
+    allow_unix_sockets: bool = False
 
 
 @dataclass
@@ -144,7 +153,22 @@ def isolation() -> dict[str, Any]:
             "reads_outside_dir": "landlock" if abi >= 1 else "not blocked",
             "dir_size": "tmpfs" if tmpfs else "per file",
             "syscalls": "seccomp" if sc else "not filtered",
+            "unix_sockets": "seccomp" if sc else "not cut",
+            "socket_dirs": "hidden (mount namespace)" if tmpfs else "visible",
             "parent_processes": "hidden (PID namespace)" if ns else "visible"}
+
+
+# where sockets listen on a Linux host: Ray's session (/tmp/ray), X11, D-Bus and systemd (/run),
+# docker.sock (/run, /var/run), POSIX shared memory; the child sees empty directories instead
+SOCKET_DIRS = ("/tmp", "/var/tmp", "/run", "/var/run", "/dev/shm")
+
+
+def socket_dirs() -> list[str]:
+    """The directories to hide from the child (:data:`SOCKET_DIRS`, Ray's temp dir and the user's
+    runtime dir where set elsewhere), each real path once, none beneath another."""
+    names = list(SOCKET_DIRS) + [os.environ[v] for v in ("RAY_TMPDIR", "XDG_RUNTIME_DIR") if os.environ.get(v)]
+    real = sorted({os.path.realpath(d) for d in names if os.path.isdir(d)} - {"/"})
+    return [d for d in real if not any(d.startswith(o.rstrip("/") + "/") for o in real if o != d)]
 
 
 # --keep-caps: the child keeps the namespace's capabilities across exec (a non-root user needs them to mount)
@@ -173,6 +197,10 @@ async def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxR
     """Run ``code`` as a script in the sandbox and return what it printed."""
     lim = limits or SandboxLimits()
     iso = isolation()
+    if iso["unix_sockets"] == "not cut" and not lim.allow_unix_sockets:  # fail closed
+        return SandboxResult("", "sandbox: this kernel cannot filter system calls (seccomp), so code could reach "
+                             "Unix sockets outside the sandbox (Ray's raylet, D-Bus); not running it. Set "
+                             "SandboxLimits(allow_unix_sockets=True) to run it anyway.", 125, isolation=iso)
     work = tempfile.mkdtemp(prefix="grpo-sandbox-")
     try:
         with open(os.path.join(work, "main.py"), "w", encoding="utf-8") as f:
@@ -180,6 +208,8 @@ async def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxR
         read_dirs, read_files = _read_paths(lim.site_packages)
         conf = json.dumps({**asdict(lim), "workdir": work, "landlock_abi": iso["landlock_abi"],
                            "seccomp": iso["seccomp"], "dir_tmpfs": iso["dir_tmpfs"],
+                           "hide_dirs": socket_dirs() if iso["dir_tmpfs"] else [],
+                           "keep": [os.path.dirname(os.path.abspath(sys.executable))],
                            "read_dirs": read_dirs, "read_files": read_files})
         argv = (_UNSHARE if iso["namespaces"] else []) + [sys.executable, "-I", "-c", STUB, conf]
         env = {**_ENV_KEEP, "HOME": work, "TMPDIR": work}
