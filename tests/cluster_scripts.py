@@ -143,6 +143,51 @@ def listening(pids: set[int]) -> list[tuple[str, int, str]]:
     return sorted(set(out))
 
 
+def descendants(root: int) -> set[int]:
+    """``root`` and every process below it."""
+    kids: dict[int, list[int]] = {}
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                stat = (p / "stat").read_text()
+            except OSError:
+                continue
+            kids.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(p.name))
+    out, todo = set(), [root]
+    while todo:
+        p = todo.pop()
+        out.add(p)
+        todo += kids.get(p, [])
+    return out
+
+
+def listening_unix(pids: set[int]) -> list[tuple[str, str]]:
+    """(path, process name) of every Unix socket listening in one of ``pids`` (ss -lxp); an abstract
+    socket's name starts with "@"."""
+    out = []
+    for ln in subprocess.run(["ss", "-lxpH"], capture_output=True, text=True, check=True).stdout.splitlines():
+        local = ln.split()[4]
+        for name, pid in re.findall(r'\("([^"]+)",pid=(\d+)', ln):
+            if int(pid) in pids:
+                out.append((local, name))
+    return sorted(set(out))
+
+
+def only_owner_connects(path: str) -> bool:
+    """Whether only this user (and root) can connect to the Unix socket at ``path``: connecting
+    needs write permission on the socket and search permission on every directory above it."""
+    st = os.stat(path)
+    if st.st_mode & 0o022 == 0:
+        return True
+    parent = Path(path).parent
+    while parent != parent.parent:
+        d = parent.stat()
+        if d.st_uid == os.getuid() and d.st_mode & 0o011 == 0:
+            return True
+        parent = parent.parent
+    return False
+
+
 def alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()

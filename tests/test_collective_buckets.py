@@ -6,6 +6,7 @@ never a hang). The end-to-end tests are tests/test_collective_e2e.py."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 
 import pytest
@@ -109,6 +110,10 @@ def test_gloo_group_broadcasts_buckets_and_a_dead_member_is_an_error_not_a_hang(
     send_header(group, [0, 7])
     for b in pack(manifest, list(state.values())):
         group.broadcast(b)
+    from cluster_scripts import listening
+
+    # the store and gloo listen on the group's address only (torch's own store: every interface)
+    assert {a for a, _, _ in listening({os.getpid()})} == {"127.0.0.1"}
     got = sorted((out.get(timeout=30)[:4] for _ in range(2)), key=str)
     assert [g[:3] for g in got] == [(1, 0, [0, 7]), (2, 0, [0, 7])] and all(g[3] == pytest.approx(want) for g in got)
     t0 = time.perf_counter()

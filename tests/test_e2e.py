@@ -30,6 +30,18 @@ REQUIRED_METRICS = [
 ]
 
 
+SOCKETS: dict = {}  # every listening socket of the run's processes, mid-run (step 3)
+
+
+def _sockets() -> dict:
+    import os
+
+    from cluster_scripts import descendants, listening, listening_unix
+
+    pids = descendants(os.getpid())  # the driver (this process) and what it started: Ray, actors, W&B
+    return {"tcp": listening(pids), "unix": listening_unix(pids)}
+
+
 @pytest.fixture(scope="module")
 def run(pretrained_model_dir, tmp_path_factory):
     from grpo_dist.cluster.ray_utils import shutdown_ray
@@ -43,7 +55,8 @@ def run(pretrained_model_dir, tmp_path_factory):
         "data": {"eval_size": 64},
         "logging": {"sample_table_every": 5},
     })
-    trainer, summary = e2e.train_run(cfg, keep=True)  # the run the CLI makes: grpo_dist.train.train
+    rec = e2e.Recorder(before_step=lambda run, step: SOCKETS.update(_sockets()) if step == 3 else None)
+    trainer, summary = e2e.train_run(cfg, rec, keep=True)  # the run the CLI makes: grpo_dist.train.train
     yield trainer, summary
     trainer.close()
     shutdown_ray()
@@ -267,3 +280,19 @@ def test_summary_reports_peak_memory_per_role_and_metrics_per_step(run):
     # the summary counted the engine's memory (most of the role's); the tests before this one used
     # the engines further, so today's peaks may be a little higher than the summary's
     assert peak["rollout"] * 2**30 >= 0.8 * (engine["self"] + engine["children"])
+
+
+def test_every_socket_the_run_listens_on_is_private(run):
+    """Issue 41: a default run opens no door to other users or hosts. TCP: loopback only (Ray's ports
+    need the cluster token; Ray's two Prometheus exporters are read-only); Unix: none abstract (any
+    process of the network namespace reaches those), each path connectable by this user only
+    (the Ray session's directory is private, W&B's socket is not writable by others)."""
+    from cluster_scripts import only_owner_connects
+
+    tcp, unix = SOCKETS["tcp"], SOCKETS["unix"]
+    names = {n for _, _, n in tcp} | {n for _, n in unix}
+    assert {"gcs_server", "raylet", "wandb-core"} <= names, (tcp, unix)  # the snapshot saw the live run
+    assert [t for t in tcp if t[0] not in ("127.0.0.1", "::ffff:127.0.0.1", "::1")] == [], tcp
+    assert [u for u in unix if u[0].startswith("@")] == [], unix
+    opened = [u for u in unix if not only_owner_connects(u[0])]
+    assert opened == [], opened

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from grpo_dist.util import ports as port_mod
 from grpo_dist.util.ports import free_port
 
@@ -48,3 +50,25 @@ def test_without_room_outside_the_ephemeral_range_it_asks_the_kernel(monkeypatch
     assert all(lo <= p <= hi for p in ports), (lo, hi, ports)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", ports.pop()))
+
+
+@pytest.mark.slow
+def test_a_learner_group_on_loopback_listens_on_loopback_only():
+    """The learner's process group (dist_init, DeepSpeed adopting it): torch's env:// store listened
+    on every interface, so a one-machine run opened a port to the network."""
+    import subprocess
+    import sys
+
+    code = ("import os, subprocess\n"
+            "from grpo_dist.util.ports import free_port\n"
+            "os.environ.update(RANK='0', WORLD_SIZE='1', LOCAL_RANK='0', MASTER_ADDR='127.0.0.1',"
+            " MASTER_PORT=str(free_port()))\n"
+            "from grpo_dist.learner.dist_init import init_process_group\n"
+            "init_process_group('gloo')\n"
+            "import deepspeed.comm as dc, torch\n"
+            "t = torch.ones(2); dc.all_reduce(t); print(t.tolist())\n"
+            "ss = subprocess.run(['ss', '-ltnpH'], capture_output=True, text=True).stdout\n"
+            "print(sorted({l.split()[3].rsplit(':', 1)[0] for l in ss.splitlines() if f'pid={os.getpid()},' in l}))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines()[-2:] == ["[1.0, 1.0]", "['127.0.0.1']"], r.stdout

@@ -22,7 +22,26 @@ DRIVER = """
     init_ray(load_config(None, {"cluster": {"num_cpus": 2}}))
     ctx = ray.get_runtime_context()
     node = ray._private.worker._global_node
-    print(json.dumps({"gcs": ctx.gcs_address, "token": os.environ.get("RAY_AUTH_TOKEN"),
+
+    @ray.remote
+    def inner():
+        return 7
+
+    @ray.remote
+    class Worker:  # what an actor's code (a reward, an agent, a tool) starts, and Ray still working after
+        def check(self):
+            import subprocess
+            child = subprocess.run([sys.executable, "-c", "import os; print('RAY_AUTH_TOKEN' in os.environ)"],
+                                   capture_output=True, text=True).stdout.strip()
+            other = Worker.remote()
+            return {"child_has_token": child, "own_env": "RAY_AUTH_TOKEN" in os.environ,
+                    "task": ray.get(inner.remote()), "actor": ray.get(other.ping.remote())}
+
+        def ping(self):
+            return "pong"
+
+    worker = ray.get(Worker.remote().check.remote())
+    print(json.dumps({"gcs": ctx.gcs_address, "token": os.environ.get("RAY_AUTH_TOKEN"), "worker": worker,
                       "mode": os.environ.get("RAY_AUTH_MODE"), "session": node.get_session_dir_path(),
                       "runtime_env": ctx.runtime_env.get("env_vars", {})}), flush=True)
     sys.stdin.readline()  # the clients are done
@@ -63,6 +82,11 @@ def test_the_local_cluster_refuses_a_client_without_its_token(tmp_path):
         info = json.loads(drv.stdout.readline())
         token = info["token"]
         assert info["mode"] == "token" and token and len(token) == 64
+        # the session (its raylet and object store sockets, its logs) lies in a directory of this user's only
+        temp = Path(info["session"]).parent
+        assert temp.name.startswith("grpo-ray-") and (temp.stat().st_mode & 0o777) == 0o700, info["session"]
+        # a worker drops the token once connected: its children do not inherit it, and it still reaches Ray
+        assert info["worker"] == {"child_has_token": "False", "own_env": False, "task": 7, "actor": "pong"}
         assert info["runtime_env"].get("RAY_AUTH_MODE") == "token" and "RAY_AUTH_TOKEN" not in info["runtime_env"]
         with ThreadPoolExecutor(3) as pool:  # a refusal takes Ray's ~20 s of retries: the three at once
             none, wrong, right = pool.map(lambda auth: _client(info["gcs"], client_home, auth), [

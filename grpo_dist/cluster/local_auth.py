@@ -8,8 +8,14 @@ this process's environment as ``RAY_AUTH_TOKEN`` (Ray's first token source, ahea
 raylet, which inherit it, as the workers the raylet starts inherit it from the raylet. It is
 never written to a file (Ray writes ``~/.ray/auth_token`` only when token mode finds no token),
 never put in a ``runtime_env`` (those are stored in GCS), never printed. A client without it is
-refused (``Unauthenticated``); a process of this run that needs to reach the cluster (the run's
-own subprocesses inherit the environment) gets in.
+refused (``Unauthenticated``).
+
+Every worker drops the token from its environment once connected (:func:`scrub_worker_env`, the
+job's ``worker_process_setup_hook``): Ray's core worker read and cached it at start, so the worker
+keeps talking to the cluster, while processes that rewards, environments, agents or tools start
+from it do not inherit the token. What remains (docs/security.md): GCS and the raylet keep it in
+their environment, and ``/proc/<pid>/environ`` shows a process's environment as it started to
+processes of the same user: the code tool's sandbox hides them (PID namespace, Landlock).
 
 :func:`restore` puts the environment back as it was once the cluster has shut down, so a later
 ``ray.init`` in the same process (tests) sees the settings it had. The launch scripts' clusters
@@ -22,6 +28,7 @@ import os
 import secrets
 
 _VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+SCRUB_HOOK = "grpo_dist.cluster.local_auth.scrub_worker_env"  # a runtime_env's worker_process_setup_hook
 _saved: dict[str, str | None] | None = None
 
 
@@ -60,3 +67,21 @@ def _reload() -> None:
 
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
+
+
+def scrub_worker_env() -> None:
+    """In a Ray worker, once connected: drop the cluster token from the environment, so processes
+    it starts (a reward's, an environment's, an agent's) do not inherit it. Ray reads the token
+    once, when the core worker starts, and keeps it (checked by tests/test_local_auth.py: the
+    worker still calls tasks and starts actors afterwards)."""
+    os.environ.pop("RAY_AUTH_TOKEN", None)
+
+
+def private_temp_dir() -> str:
+    """A fresh directory of mode 0700 for the local cluster's session (Ray's default, /tmp/ray, is
+    open to every user: its Unix sockets, the raylet's and the object store's, and its logs). Kept
+    short: Ray puts its sockets ~65 characters beneath it, and a Unix socket's path has 107."""
+    import tempfile
+
+    base = tempfile.gettempdir()
+    return tempfile.mkdtemp(prefix="grpo-ray-", dir=base if len(base) <= 32 else "/tmp")

@@ -59,7 +59,10 @@ def init_ray(cfg: Config) -> dict[str, Any]:
     env = setup_env()
     if ray.is_initialized():
         return ray.cluster_resources()
-    runtime_env = {"env_vars": env}
+    from grpo_dist.cluster.local_auth import SCRUB_HOOK
+
+    # each worker drops the cluster token once connected: what it starts does not inherit it
+    runtime_env = {"env_vars": env, "worker_process_setup_hook": SCRUB_HOOK}
     if cfg.cluster.address:
         # Inside `ray job submit` the job already has a runtime_env (working_dir, env_vars): combine
         # ours with it instead of failing on the overlap (ours wins on equal keys).
@@ -72,7 +75,8 @@ def init_ray(cfg: Config) -> dict[str, Any]:
 
         env.update(local_auth.enable())
         ray.init(address="local", num_cpus=cfg.cluster.num_cpus, include_dashboard=False, runtime_env=runtime_env,
-                 log_to_driver=True, configure_logging=True, logging_level=logging.WARNING)
+                 log_to_driver=True, configure_logging=True, logging_level=logging.WARNING,
+                 _temp_dir=local_auth.private_temp_dir())  # its sockets and logs: this user's only
         from grpo_dist.cluster.reaper import start_reaper
 
         start_reaper()  # a driver killed with SIGKILL leaves no process of this cluster behind

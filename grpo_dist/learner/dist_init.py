@@ -29,9 +29,23 @@ def skip_shm_op() -> None:
 
 def init_process_group(backend: str, timeout: datetime.timedelta | None = None) -> None:
     """``deepspeed.init_distributed`` over ``backend`` (RANK ... MASTER_PORT from the environment),
-    with nothing compiled."""
+    with nothing compiled. The group is formed first through a store that listens on MASTER_ADDR
+    only (``util.ports.tcp_store``; torch's env:// store listens on every interface), with gloo on
+    the loopback interface when MASTER_ADDR is a loopback address; DeepSpeed then adopts it."""
+    import os
+
     import deepspeed
+    import torch.distributed as dist
+
+    from grpo_dist.util.ports import gloo_on_loopback, tcp_store
 
     skip_shm_op()
-    kw = {} if timeout is None else {"timeout": timeout}
-    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False, **kw)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if backend == "gloo":
+        gloo_on_loopback(addr)
+    timeout = timeout or dist.default_pg_timeout
+    if not dist.is_initialized():
+        store = tcp_store(addr, port, world, rank == 0, timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False, timeout=timeout)

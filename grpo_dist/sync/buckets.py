@@ -149,10 +149,13 @@ class WeightGroup:
         self.rank, self.world_size = rank, world_size
         timeout = datetime.timedelta(seconds=timeout_s)
         joining = datetime.timedelta(seconds=timeout_s if join_timeout_s is None else join_timeout_s)
-        self._store = dist.TCPStore(host, int(port), world_size, is_master=(rank == 0), timeout=joining)
+        from grpo_dist.util.ports import is_loopback, tcp_store
+
+        self._store = tcp_store(host, int(port), world_size, rank == 0, joining)  # listening on ``host`` only
         opts = dist.ProcessGroupGloo._Options()
         opts._timeout = timeout
         gloo = dist.ProcessGroupGloo  # the interface of this node's address (default: the hostname's)
+        bind_ip = bind_ip or (host if is_loopback(host) else None)  # one machine: loopback only
         opts._devices = [gloo.create_device(hostname=bind_ip) if bind_ip else gloo.create_default_device()]
         self._pg = dist.ProcessGroupGloo(dist.PrefixStore(f"grpo_dist/weights/{tag}", self._store), rank,
                                          world_size, opts)

@@ -47,3 +47,42 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def loopback_interface() -> str:
+    """The loopback interface's name ("lo" on Linux)."""
+    names = [n for _, n in socket.if_nameindex()]
+    return next((n for n in names if n == "lo" or n.startswith("lo")), "lo")
+
+
+def tcp_store(host: str, port: int, world_size: int, is_master: bool, timeout):
+    """torch's ``TCPStore``; the server (``is_master``) listens on ``host`` only. torch's own
+    server listens on every interface, so a rendezvous on 127.0.0.1 opened a port to the network:
+    here it serves from a socket bound to ``host`` (``master_listen_fd``, whose descriptor the
+    store takes over)."""
+    import torch.distributed as dist
+
+    if not is_master:
+        return dist.TCPStore(host, int(port), world_size, False, timeout=timeout)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, int(port)))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return dist.TCPStore(host, int(port), world_size, True, timeout=timeout, master_listen_fd=sock.detach())
+
+
+def gloo_on_loopback(master_addr: str) -> None:
+    """All ranks meet on a loopback address (one machine): gloo's pairs listen on the loopback
+    interface too, not on the address the hostname resolves to (``GLOO_SOCKET_IFNAME``, unless set)."""
+    import os
+
+    if is_loopback(master_addr) and not os.environ.get("GLOO_SOCKET_IFNAME"):
+        os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface()
