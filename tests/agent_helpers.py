@@ -136,7 +136,8 @@ def over_budget(base_url: str, row: dict, log: str | None = None) -> None:
 def probe(base_url: str, row: dict, log: str | None = None, payload: str = "INJECTED-BY-ANOTHER-PROCESS") -> float:
     """While live: another program's guesses (tests/agent_attacker.py, near misses of this
     trajectory's own secret included) against this endpoint, then this trajectory's own routes
-    with its base_url (the SDK, and the raw HTTP answer of each route); everything logged."""
+    with its base_url (the SDK, and the raw HTTP answer of each route); each part logged when done,
+    as a line ``{"base_url", ...}``."""
     import importlib.util
     import urllib.parse
     from pathlib import Path
@@ -146,7 +147,7 @@ def probe(base_url: str, row: dict, log: str | None = None, payload: str = "INJE
     spec.loader.exec_module(attacker)
     url = urllib.parse.urlsplit(base_url)
     secret = url.path.split("/")[2]
-    guessed = attacker.attack(url.port, payload, near=secret, timeout=2.0)
+    _log(log, base_url=base_url, guessed=attacker.attack(url.port, payload, near=secret, timeout=2.0))
     client = openai.OpenAI(base_url=base_url, api_key="any key", max_retries=0)
     model = client.models.list().data[0].id
     chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": str(row["prompt"])}],
@@ -158,7 +159,7 @@ def probe(base_url: str, row: dict, log: str | None = None, payload: str = "INJE
                                                                       "max_tokens": 4}),
            "completions": _post(f"{base_url}/completions", {"prompt": "2 + 2 =", "max_tokens": 4}),
            "embeddings": _post(f"{base_url}/embeddings", {"input": "x"})}
-    _log(log, base_url=base_url, model=model, guessed=guessed, raw=raw)
+    _log(log, base_url=base_url, model=model, raw=raw)
     return 1.0
 
 

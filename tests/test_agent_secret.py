@@ -50,8 +50,11 @@ def probed(tmp_path_factory):
         port = urllib.parse.urlsplit(json.loads(log.read_text().splitlines()[0])["base_url"]).port
         never = attempt(port, "GET", f"/t/{NEVER}/v1/models", "")
         rollouts = [r for g in groups for r in g.rollouts]
-        yield [json.loads(x) for x in log.read_text().splitlines()], rollouts, never, trained_text(w.engine.tokenizer,
-                                                                                                  rollouts)
+        seen: dict[str, dict] = {}  # each trajectory's log lines, merged
+        for line in log.read_text().splitlines():
+            rec = json.loads(line)
+            seen.setdefault(rec["base_url"], {}).update(rec)
+        yield list(seen.values()), rollouts, never, trained_text(w.engine.tokenizer, rollouts)
     finally:
         w.close()
 
