@@ -18,9 +18,12 @@ def _log(log: str | None, **rec) -> None:
             f.write(json.dumps(rec) + "\n")
 
 
-def chat_loop(base_url: str, row: dict, turns: int = 3, log: str | None = None, max_tokens: int = 8) -> float:
+def chat_loop(base_url: str, row: dict, turns: int = 3, log: str | None = None, max_tokens: int = 8,
+              hold: str | None = None) -> float:
     """A tool-calling loop: ask, answer each turn with a tool message (or a user nudge when the
-    model called nothing), ``turns`` calls; returns the number of calls as its reward."""
+    model called nothing), ``turns`` calls; returns the number of calls as its reward. With
+    ``hold``: after the first call, write the endpoint's port to ``<hold>.port`` (not the secret)
+    and wait until the file ``hold`` exists (at most 120 s) before going on."""
     client = openai.OpenAI(base_url=base_url, api_key="-", max_retries=0)
     messages = [{"role": "system", "content": "You add."}, {"role": "user", "content": str(row["prompt"])}]
     seen = []
@@ -34,8 +37,24 @@ def chat_loop(base_url: str, row: dict, turns: int = 3, log: str | None = None, 
             messages.append({"role": "tool", "tool_call_id": c.id, "content": "42"})
         if not msg.tool_calls:
             messages.append({"role": "user", "content": f"Again ({k})."})
+        if hold and k == 0:
+            _hold(base_url, hold)
     _log(log, prompt=row["prompt"], turns=seen)
     return float(turns)
+
+
+def _hold(base_url: str, hold: str) -> None:
+    import os
+    import time
+    import urllib.parse
+
+    tmp = f"{hold}.port.{os.getpid()}.{id(base_url)}"
+    with open(tmp, "w") as f:
+        f.write(str(urllib.parse.urlsplit(base_url).port))
+    os.replace(tmp, f"{hold}.port")
+    deadline = time.monotonic() + 120
+    while not os.path.exists(hold) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def rewriting(base_url: str, row: dict, log: str | None = None) -> None:
@@ -112,3 +131,46 @@ def over_budget(base_url: str, row: dict, log: str | None = None) -> None:
     except openai.BadRequestError as e:
         second = [e.status_code, e.message]
     _log(log, first=[first.usage.completion_tokens, first.choices[0].finish_reason], second=second)
+
+
+def probe(base_url: str, row: dict, log: str | None = None, payload: str = "INJECTED-BY-ANOTHER-PROCESS") -> float:
+    """While live: another program's guesses (tests/agent_attacker.py, near misses of this
+    trajectory's own secret included) against this endpoint, then this trajectory's own routes
+    with its base_url (the SDK, and the raw HTTP answer of each route); each part logged when done,
+    as a line ``{"base_url", ...}``."""
+    import importlib.util
+    import urllib.parse
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("agent_attacker", Path(__file__).with_name("agent_attacker.py"))
+    attacker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(attacker)
+    url = urllib.parse.urlsplit(base_url)
+    secret = url.path.split("/")[2]
+    _log(log, base_url=base_url, guessed=attacker.attack(url.port, payload, near=secret, timeout=2.0))
+    client = openai.OpenAI(base_url=base_url, api_key="any key", max_retries=0)
+    model = client.models.list().data[0].id
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": str(row["prompt"])}],
+                                          tools=TOOLS, max_tokens=4)
+    msgs = [{"role": "user", "content": str(row["prompt"])}, chat.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": "Go on."}]
+    raw = {"models": attacker.attempt(url.port, "GET", f"{url.path}/models", "", 30.0),
+           "chat/completions": _post(f"{base_url}/chat/completions", {"messages": msgs, "tools": TOOLS,
+                                                                      "max_tokens": 4}),
+           "completions": _post(f"{base_url}/completions", {"prompt": "2 + 2 =", "max_tokens": 4}),
+           "embeddings": _post(f"{base_url}/embeddings", {"input": "x"})}
+    _log(log, base_url=base_url, model=model, raw=raw)
+    return 1.0
+
+
+def _post(url: str, body: dict) -> list:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps({"model": "policy", **body}).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30.0) as r:
+            return ["POST", url, r.status, r.read().decode(), dict(r.headers)]
+    except urllib.error.HTTPError as e:
+        return ["POST", url, e.code, e.read().decode(), dict(e.headers)]

@@ -4,7 +4,9 @@ byte-level BPE vocabulary with a ChatML template: tests/bpe_model.py), one engin
 
 * a tool-calling loop trains on the engine's exact sampled ids and behaviour log-probs (mask 1),
   the agent's tool / user messages are the template's tokens (mask 0), call k of a trajectory
-  samples with its own seed (runs repeat), the agent's return is ``env_reward``;
+  samples with its own seed (runs repeat), the agent's return is ``env_reward``; while its agents
+  are live, a second OS process that knows the port tries every route with guessed trajectory ids
+  (tests/agent_attacker.py): every attempt gets the one 404, and none of its text is trained on;
 * a rewritten history starts a new segment, trained as a sample of its own with the trajectory's
   advantage (``rollout/agent_segments``);
 * ``/v1/completions`` (text and token-id prompts) and ``/v1/models``;
@@ -17,10 +19,15 @@ byte-level BPE vocabulary with a ChatML template: tests/bpe_model.py), one engin
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from agent_attacker import NEVER, not_refused
 from bpe_model import make_bpe_model
 from grpo_dist.config import AlgoConfig, ConfigError, load_config
 from grpo_dist.data import make_task
@@ -29,6 +36,8 @@ from grpo_dist.rollout.agent import AgentRollouts
 from grpo_dist.types import RewardResult
 
 HELPERS = Path(__file__).parent / "agent_helpers.py"
+ATTACKER = Path(__file__).parent / "agent_attacker.py"
+PAYLOAD = "INJECTED-BY-ANOTHER-PROCESS"
 
 
 def test_config_refuses_an_agent_with_an_environment_or_streaming():
@@ -95,10 +104,35 @@ def _runs(mask: list[int]) -> list[tuple[int, int]]:
     return out
 
 
+def _attack_when_live(hold: Path, out: dict) -> threading.Thread:
+    """Another OS process (tests/agent_attacker.py: stdlib, no secret) tries every route of the
+    endpoint with guessed ids while the agents wait between their first and second call; then
+    they go on."""
+    def attack():
+        try:
+            port_file, deadline = Path(f"{hold}.port"), time.monotonic() + 120
+            while not port_file.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            p = subprocess.run([sys.executable, str(ATTACKER), port_file.read_text(), PAYLOAD], capture_output=True,
+                               text=True, timeout=300)
+            out["attempts"] = json.loads(p.stdout)
+        finally:
+            hold.touch()
+
+    t = threading.Thread(target=attack, daemon=True)
+    t.start()
+    return t
+
+
 @pytest.mark.slow
 def test_a_tool_loop_trains_the_sampled_tokens(worker, tmp_path):
-    log = tmp_path / "log.jsonl"
-    rollouts = _run(worker, "chat_loop", agent_kwargs={"log": str(log), "turns": 3})
+    log, attacked = tmp_path / "log.jsonl", {}
+    attacker = _attack_when_live(tmp_path / "hold", attacked)
+    rollouts = _run(worker, "chat_loop", agent_kwargs={"log": str(log), "turns": 3, "hold": str(tmp_path / "hold")})
+    attacker.join()
+    assert len(attacked["attempts"]) > 700
+    never = next(a for a in attacked["attempts"] if a[1] == f"/t/{NEVER}/v1/models")
+    assert never[2] == 404 and not_refused(attacked["attempts"], never) == []  # every guess: one 404
     tok, enc = worker.engine.tokenizer, MessageEncoder(worker.engine.tokenizer)
     sampled: dict[tuple, list] = {}  # context -> what the engine sampled for it (a group's trajectories share one)
     for p, ids, lps, seed in worker.calls:
@@ -128,6 +162,7 @@ def test_a_tool_loop_trains_the_sampled_tokens(worker, tmp_path):
     assert len(seen) == len(rollouts) and all(len(s["turns"]) == 3 for s in seen)
     starts = sorted(a for r in rollouts for a, _ in _runs([0] * len(r.prompt_ids) + r.loss_mask))
     assert sorted(t["usage"]["prompt_tokens"] for s in seen for t in s["turns"]) == starts  # usage: each call's context
+    assert all(PAYLOAD not in tok.decode(r.prompt_ids + r.completion_ids) for r in rollouts)  # none of it trained
     again = _run(worker, "chat_loop", agent_kwargs={"turns": 3})  # the same keys: the same tokens
     assert [x.completion_ids for x in again] == [x.completion_ids for x in rollouts]
 

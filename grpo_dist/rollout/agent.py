@@ -82,8 +82,8 @@ class AgentRollouts:
             session = AgentSession(traj, batcher.submit, spec, seeds[i][j] if seeds is not None else None,
                                    max_model_len, budget, r.max_turns, r.tool_parser, self.server.model,
                                    r.agent_tools_prompt)
-            tid, url = self.server.open(session)
-            reward, stop = None, None
+            key, url = self.server.open(session)
+            reward, stop, raised = None, None, None
             try:
                 out = await asyncio.wait_for(acall(self.fn, url, dict(rec.as_example()), **self.kwargs),
                                              r.trajectory_timeout_s)
@@ -95,12 +95,12 @@ class AgentRollouts:
             except asyncio.TimeoutError:
                 stop = StopReason.TIMEOUT
             except Exception:  # noqa: BLE001 - the trajectory ends as env_error, the run goes on
-                stop = StopReason.ENV_ERROR
-                warn_once("agent_error", f"rollout.agent {self.spec!r} raised on record {rec.id}: "
-                          f"{traceback.format_exc()}")
+                stop, raised = StopReason.ENV_ERROR, traceback.format_exc()
             finally:
-                self.server.close(tid)
+                self.server.close(key)
                 batcher.finished()
+            if raised is not None:  # once closed: a base_url in the traceback no longer opens anything
+                warn_once("agent_error", f"rollout.agent {self.spec!r} raised on record {rec.id}: {raised}")
             stop = stop or session.cut or StopReason.DONE
             return to_rollout(tok, rec, prompt_ids[i], traj, session.calls, stop, reward, version)
 

@@ -1,8 +1,9 @@
 """The OpenAI-compatible endpoint a rollout worker serves to ``rollout.agent`` functions.
 
 One aiohttp server per rollout worker, on 127.0.0.1 and a free port, on the environments' event
-loop; each trajectory gets its own base URL ``http://127.0.0.1:<port>/t/<id>/v1`` so requests are
-attributed to it. Routes under it: ``POST /chat/completions`` (``messages``, ``tools``,
+loop; each trajectory gets its own base URL ``http://127.0.0.1:<port>/t/<secret>/v1`` (192 random
+bits; every request without a live trajectory's secret gets one and the same 404: ``AgentServer``)
+so requests are attributed to it and no other program on the machine reaches it. Routes under it: ``POST /chat/completions`` (``messages``, ``tools``,
 ``tool_choice`` auto/none, ``max_tokens`` / ``max_completion_tokens``, ``stop``; the answer's
 ``tool_calls`` parsed with ``rollout.tool_parser``), ``POST /completions`` (``prompt`` as text or
 token ids) and ``GET /models``.
@@ -18,9 +19,12 @@ status, so the agent's SDK raises it with its reason.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
+import secrets
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -145,7 +149,7 @@ class AgentSession:
                 if parsed.calls:
                     message["content"] = parsed.content or None
                     message["tool_calls"] = [
-                        {"id": f"call_{self.calls}_{k}", "type": "function",
+                        {"id": self._call_id(k), "type": "function",
                          "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
                         for k, c in enumerate(parsed.calls)]
                     finish = "tool_calls"
@@ -174,10 +178,17 @@ class AgentSession:
             return self._answer("text_completion", {"text": out.text},
                                 "stop" if out.finish_reason == "stop" else "length", prompt, out.token_ids)
 
+    def _call_id(self, k: int) -> str:
+        """Tool call k's id: no counter in it; from the trajectory's seed when it has one, so a rerun
+        gives the same ids (a chat template that renders them gives the same tokens)."""
+        if self.seed is None:
+            return f"call_{secrets.token_hex(12)}"
+        return "call_" + hashlib.sha256(f"{self.seed}:{self.calls}:{k}".encode()).hexdigest()[:24]
+
     def _answer(self, obj: str, choice: dict[str, Any], finish: str, prompt: list[int], ids: list[int]) -> dict[str, Any]:
         """The response; as vLLM's ``return_token_ids``, it carries the prompt's and the sample's token ids."""
         n_prompt, n_out = len(prompt), len(ids)
-        return {"id": f"{'chatcmpl' if obj == 'chat.completion' else 'cmpl'}-{id(self):x}-{self.calls}",
+        return {"id": f"{'chatcmpl' if obj == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}",
                 "object": obj, "created": int(time.time()), "model": self.model, "prompt_token_ids": list(prompt),
                 "choices": [{"index": 0, **choice, "finish_reason": finish, "logprobs": None, "token_ids": list(ids)}],
                 "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}}
@@ -189,10 +200,23 @@ def error_body(message: str, status: int, param: str | None = None, code: str | 
 
 
 class AgentServer:
-    """The loopback HTTP server; :meth:`open` gives a trajectory its base URL."""
+    """The loopback HTTP server; :meth:`open` gives a trajectory its base URL.
+
+    A base URL is ``http://127.0.0.1:<port>/t/<secret>/v1``: 192 random bits
+    (``secrets.token_urlsafe(24)``) per trajectory, made when it opens and forgotten when it
+    closes, so any local program can find the port but none reaches a trajectory without its
+    agent's URL (the ``api_key`` is ignored; agents work unchanged). One handler answers every
+    method and path: without a live trajectory's secret, :data:`NOT_FOUND`, the same bytes for a
+    guessed, ended or never-issued secret and for any other path (the root, health probes).
+    Sessions are kept by the SHA-256 of their secret: a lookup hashes what the request sent and
+    finds it in a dict, so neither a string comparison against a secret (whose time could tell
+    how many leading characters matched) nor a scan over the live trajectories (whose time could
+    tell how many there are) happens on the request's path.
+    """
 
     def __init__(self, model: str = "policy"):
-        self.model, self.sessions, self.port, self._runner, self._next = model, {}, None, None, 0
+        self.model, self.port, self._runner = model, None, None
+        self._sessions: dict[bytes, AgentSession] = {}  # sha256(secret) -> its live trajectory
 
     async def start(self) -> None:
         from aiohttp import web
@@ -202,10 +226,7 @@ class AgentServer:
         if self._runner is not None:
             return
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/t/{tid}/v1/chat/completions", self._route("chat"))
-        app.router.add_post("/t/{tid}/v1/completions", self._route("completion"))
-        app.router.add_get("/t/{tid}/v1/models", self._models)
-        app.router.add_route("*", "/{tail:.*}", self._unknown)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         for attempt in range(5):
@@ -225,14 +246,13 @@ class AgentServer:
             self._runner = None
 
     def open(self, session: AgentSession) -> tuple[str, str]:
-        """Register a trajectory: (its id, its base URL)."""
-        self._next += 1
-        tid = f"{self._next}"
-        self.sessions[tid] = session
-        return tid, f"http://127.0.0.1:{self.port}/t/{tid}/v1"
+        """Register a trajectory: (its secret, its base URL)."""
+        secret = secrets.token_urlsafe(24)
+        self._sessions[_digest(secret)] = session
+        return secret, f"http://127.0.0.1:{self.port}/t/{secret}/v1"
 
-    def close(self, tid: str) -> None:
-        s = self.sessions.pop(tid, None)
+    def close(self, secret: str) -> None:
+        s = self._sessions.pop(_digest(secret), None)
         if s is not None:
             s.closed = True
 
@@ -242,40 +262,42 @@ class AgentServer:
 
         return web.json_response(body, status=status)
 
-    def _session(self, request) -> AgentSession:
-        s = self.sessions.get(request.match_info["tid"])
-        if s is None:
-            raise AgentRequestError(f"no live trajectory {request.match_info['tid']!r} (it ended, or the URL is not "
-                                    f"a base_url this worker handed out)", status=404, code="trajectory_not_found")
-        return s
+    def _find(self, path: str) -> tuple[AgentSession, str] | None:
+        """The live trajectory ``/t/<secret>/v1/<route>`` names, and the route; None otherwise."""
+        parts = path.split("/", 4)  # "", "t", secret, "v1", route
+        if len(parts) < 5 or parts[0] or parts[1] != "t" or parts[3] != "v1":
+            return None
+        s = self._sessions.get(_digest(parts[2]))
+        return None if s is None else (s, parts[4])
 
-    def _route(self, kind: str):
-        async def handle(request):
-            try:
-                session = self._session(request)
-                try:
-                    body = await request.json()
-                except Exception:  # noqa: BLE001 - any undecodable body is the client's error
-                    raise AgentRequestError("the request body is not valid JSON") from None
-                out = await (session.chat(body) if kind == "chat" else session.completion(body))
-                return self._json(out)
-            except AgentRequestError as e:
-                return self._json(error_body(str(e), e.status, e.param, e.code), e.status)
-            except Exception as e:  # noqa: BLE001 - the agent reads why, the trajectory goes on
-                log.warning("agent endpoint: %s failed: %s: %s", kind, type(e).__name__, e)
-                return self._json(error_body(f"{type(e).__name__}: {e}", 500), 500)
-
-        return handle
-
-    async def _unknown(self, request):
-        return self._json(error_body(f"no route {request.method} {request.path}: a trajectory's base_url serves POST "
-                                     f"/chat/completions, POST /completions and GET /models", 404,
-                                     code="unknown_route"), 404)
-
-    async def _models(self, request):
+    async def _handle(self, request):
+        found = self._find(request.path)
+        if found is None:
+            return self._json(NOT_FOUND, 404)
+        session, route = found
         try:
-            self._session(request)
+            if (request.method, route) == ("GET", "models"):
+                return self._json({"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
+                                                               "owned_by": "grpo_dist"}]})
+            if request.method != "POST" or route not in ("chat/completions", "completions"):
+                raise AgentRequestError(f"no route {request.method} /{route}: a trajectory's base_url serves POST "
+                                        f"/chat/completions, POST /completions and GET /models", status=404,
+                                        code="unknown_route")
+            try:
+                body = await request.json()
+            except Exception:  # noqa: BLE001 - any undecodable body is the client's error
+                raise AgentRequestError("the request body is not valid JSON") from None
+            return self._json(await (session.chat(body) if route == "chat/completions" else session.completion(body)))
         except AgentRequestError as e:
             return self._json(error_body(str(e), e.status, e.param, e.code), e.status)
-        return self._json({"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
-                                                       "owned_by": "grpo_dist"}]})
+        except Exception as e:  # noqa: BLE001 - the agent reads why, the trajectory goes on
+            log.warning("agent endpoint: %s failed: %s: %s", route, type(e).__name__, e)
+            return self._json(error_body(f"{type(e).__name__}: {e}", 500), 500)
+
+
+def _digest(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).digest()
+
+
+# the one answer to every request without a live trajectory's secret: no path, method or id echoed
+NOT_FOUND = error_body("not found: not the base_url of a live trajectory", 404, code="not_found")
