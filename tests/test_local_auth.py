@@ -83,7 +83,7 @@ def test_the_local_cluster_refuses_a_client_without_its_token(tmp_path):
         token = info["token"]
         assert info["mode"] == "token" and token and len(token) == 64
         # the session (its raylet and object store sockets, its logs) lies in a directory of this user's only
-        temp = Path(info["session"]).parent
+        temp = Path(info["session"]).parent.parent  # Ray's temp dir (0777, Ray's doing) in a private one
         assert temp.name.startswith("grpo-ray-") and (temp.stat().st_mode & 0o777) == 0o700, info["session"]
         # a worker drops the token once connected: its children do not inherit it, and it still reaches Ray
         assert info["worker"] == {"child_has_token": "False", "own_env": False, "task": 7, "actor": "pong"}

@@ -79,9 +79,11 @@ def scrub_worker_env() -> None:
 
 def private_temp_dir() -> str:
     """A fresh directory of mode 0700 for the local cluster's session (Ray's default, /tmp/ray, is
-    open to every user: its Unix sockets, the raylet's and the object store's, and its logs). Kept
-    short: Ray puts its sockets ~65 characters beneath it, and a Unix socket's path has 107."""
+    mode 0777: every user reads its logs, which hold prompts and tracebacks). Kept
+    short: Ray puts its sockets ~65 characters beneath it, and a Unix socket's path has 107.
+    Returns a name inside that directory: Ray makes the directory it is given mode 0777."""
     import tempfile
 
     base = tempfile.gettempdir()
-    return tempfile.mkdtemp(prefix="grpo-ray-", dir=base if len(base) <= 32 else "/tmp")
+    # Ray makes the directory it is given mode 0777: give it one inside the private one
+    return os.path.join(tempfile.mkdtemp(prefix="grpo-ray-", dir=base if len(base) <= 32 else "/tmp"), "r")
