@@ -289,3 +289,51 @@ def test_an_engine_start_killed_by_a_signal_is_told_from_one_that_failed_on_its_
     assert exited_on_its_own(failed("{'EngineCore': 1}")) and exited_on_its_own(failed("{'EngineCore_DP0': 1}"))
     assert not exited_on_its_own(failed("{'EngineCore': -9}")) and not exited_on_its_own(failed("{}"))
     assert not exited_on_its_own(RuntimeError("CUDA out of memory"))
+
+
+class HelperEngine:
+    """An engine whose start leaves two children: its engine process (titled ``VLLM::EngineCore``, as
+    vLLM titles its own) and a helper of the start (a compiler's worker, say) that exits normally
+    later, when its stdin closes."""
+
+    def __init__(self):
+        code = "import setproctitle, sys, time; setproctitle.setproctitle(sys.argv[1]); time.sleep(120)"
+        self.core = subprocess.Popen([sys.executable, "-c", code, "VLLM::EngineCore"])
+        self.helper = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                                       stdin=subprocess.PIPE)
+        deadline = time.monotonic() + 20
+        while descendants().get(self.core.pid, "").startswith("VLLM::") is False and time.monotonic() < deadline:
+            time.sleep(0.05)  # the start returns once its engine process is up (titled)
+
+    def close(self) -> None:
+        for p in (self.core, self.helper):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def test_a_helper_child_that_exits_normally_is_not_an_engine_process_lost(tiny_model_dir, tmp_path):
+    """Issue 42, B4: once the engine is up, ``RolloutWorker.setup`` records the engine's processes
+    for the heartbeat. A helper child that exits normally afterwards is not "engine process gone"
+    (it was recorded as the engine's, and the engine replaced); the engine's own process gone is."""
+    from grpo_dist.config import config_from_dict
+    from grpo_dist.rollout.worker import RolloutWorker
+
+    class Worker(RolloutWorker):
+        def _make_engine(self, seed):
+            return HelperEngine()
+
+    w = Worker(config_from_dict({"model": {"path": str(tiny_model_dir)}, "sync": {"tmp_dir": str(tmp_path)}}))
+    w.setup()
+    try:
+        core, helper = w.engine.core, w.engine.helper
+        assert helper.poll() is None  # alive when the worker recorded its engine's processes
+        assert w.engine_pids == {core.pid: descendants()[core.pid]}
+        helper.stdin.close()  # its work done: it exits 0
+        assert helper.wait(timeout=20) == 0
+        assert problems(w.engine_pids) == []
+        os.kill(core.pid, signal.SIGKILL)
+        core.wait()
+        assert problems(w.engine_pids) == [(core.pid, w.engine_pids[core.pid], "gone")]
+    finally:
+        w.close()
