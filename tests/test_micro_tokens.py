@@ -272,3 +272,31 @@ def test_budget_split_counts_a_prompt_as_each_packed_layout_runs_it():
             assert range_tokens(b, rows, True, pack_len) == want
             repeated += want > range_tokens(b, rows, True)
     assert repeated > 20  # the case that differs is exercised
+
+
+@pytest.mark.usefixtures("in_process_learners")
+def test_an_idle_micro_batch_adds_exactly_nothing(tiny_model_dir):
+    """A rank short of rows (3 rows, 4 micro-batches: ``micro_batch_size`` 2 of a per-rank batch of
+    8) runs its rows one each and an idle micro-batch; the step's loss, metrics and gradient are bit
+    for bit those of the same three micro-batches alone (a budget of 1 token: one row each)."""
+    import torch
+
+    from grpo_dist.testing.learner import make_learner, random_batch, small_config, train_step_with_grads
+    from grpo_dist.testing.learner import randomize_lora
+
+    batch = random_batch(3, seed=5)
+    out = {}
+    for name, learner_cfg in (("idle", {"micro_batch_size": 2}), ("alone", {"micro_batch_tokens": 1})):
+        learner, _ = make_learner(small_config(tiny_model_dir, learner=learner_cfg, algo={"beta": 0.04}))
+        try:
+            randomize_lora(learner, seed=3)
+            out[name] = train_step_with_grads(learner, batch)
+        finally:
+            learner.shutdown()
+    (g_idle, m_idle), (g_alone, m_alone) = out["idle"], out["alone"]
+    assert (m_idle["train/micro_batches"], m_alone["train/micro_batches"]) == (4.0, 3.0)
+    for k in ("train/loss", "train/kl", "train/tokens", "train/sequences", "train/entropy", "train/grad_norm"):
+        assert m_idle[k] == m_alone[k], k
+    assert set(g_idle) == set(g_alone) and any(float(g.abs().max()) > 0 for g in g_idle.values())
+    for k, g in g_idle.items():
+        assert torch.equal(g, g_alone[k]), k
