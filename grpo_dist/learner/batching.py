@@ -174,8 +174,8 @@ def range_tokens(batch: TrainBatch, rows: range, packed: bool, pack_len: int = 0
     """The tokens the rows ``rows`` run through the model. Packed, every completion, and the prompt
     once per packed row (``packing.plan_rows``): the group layout (``pack_len`` 0) once per run of
     consecutive rows sharing it; the mask layout (rows of at most ``pack_len`` tokens) again in each
-    row a longer group spills into -- the real tokens ``Collated.tokens`` counts (the mask layout's
-    padding between its rows is not counted). Padded: the rows times the longest sequence."""
+    row a longer group spills into -- the real tokens ``Collated.tokens`` counts (not the mask
+    layout's padding of its rows to the longest). Padded: the rows times the longest sequence."""
     return _last(_growing_tokens(batch, rows.start, rows.stop, packed, pack_len))
 
 
