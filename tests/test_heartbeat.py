@@ -154,30 +154,31 @@ class Loads:
         return {"version": 1, "bytes": 0, "seconds": 0.0}
 
 
+def sync_parties(learner_cls: type, learner_args: list[tuple], heartbeat=None):
+    """Ray groups for a ``WeightSync``: learner ranks of ``learner_cls`` (constructor arguments
+    ``learner_args``, one tuple a rank) and one engine that loads whatever it is sent."""
+    import ray
+
+    from grpo_dist.cluster.actors import Placed
+    from grpo_dist.cluster.placement import ActorSpec
+    from grpo_dist.cluster.ray_utils import ActorGroup
+
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False)
+    learner, engine = type("Learner", (Placed, learner_cls), {}), type("Engine", (Placed, Loads), {})
+    return (ActorGroup.create("learner", learner, learner_args, spec=ActorSpec(num_cpus=0.1), heartbeat=heartbeat),
+            ActorGroup.create("rollout", engine, [()], spec=ActorSpec(num_cpus=0.1), heartbeat=heartbeat))
+
+
 @pytest.mark.slow
 def test_a_learner_stopped_while_it_publishes_is_named_not_the_engines_waiting_for_it(ray_cluster):
     """An engine's load waits for the learner's payload; sent before the payload exists, it would
     queue every later call to that engine (its heartbeat too) behind the stopped learner, and the
     engine would be blamed (and replaced, and blamed again) instead of the learner."""
-    import ray
-
-    from grpo_dist.cluster.actors import Placed
-    from grpo_dist.cluster.placement import ActorSpec
-    from grpo_dist.cluster.ray_utils import ActorGroup, ClusterError
+    from grpo_dist.cluster.ray_utils import ClusterError
     from grpo_dist.sync.weight_sync import WeightSync
 
-    if not ray.is_initialized():
-        ray.init(address="local", num_cpus=2, include_dashboard=False)
-
-    class Learner(Placed, StopsInPublish):
-        pass
-
-    class Engine(Placed, Loads):
-        pass
-
-    beat = (0.5, 3.0)
-    learners = ActorGroup.create("learner", Learner, [()], spec=ActorSpec(num_cpus=0.1), heartbeat=beat)
-    engines = ActorGroup.create("rollout", Engine, [()], spec=ActorSpec(num_cpus=0.1), heartbeat=beat)
+    learners, engines = sync_parties(StopsInPublish, [()], heartbeat=(0.5, 3.0))
     try:
         pid = learners.get(learners.call("pid"), timeout=60)[0]
         engines.get(engines.call("node_info"), timeout=60)
@@ -289,3 +290,87 @@ def test_an_engine_start_killed_by_a_signal_is_told_from_one_that_failed_on_its_
     assert exited_on_its_own(failed("{'EngineCore': 1}")) and exited_on_its_own(failed("{'EngineCore_DP0': 1}"))
     assert not exited_on_its_own(failed("{'EngineCore': -9}")) and not exited_on_its_own(failed("{}"))
     assert not exited_on_its_own(RuntimeError("CUDA out of memory"))
+
+
+class HelperEngine:
+    """An engine whose start leaves two children: its engine process (titled ``VLLM::EngineCore``, as
+    vLLM titles its own) and a helper of the start (a compiler's worker, say) that exits normally
+    later, when its stdin closes."""
+
+    def __init__(self):
+        code = "import setproctitle, sys, time; setproctitle.setproctitle(sys.argv[1]); time.sleep(120)"
+        self.core = subprocess.Popen([sys.executable, "-c", code, "VLLM::EngineCore"])
+        self.helper = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                                       stdin=subprocess.PIPE)
+        deadline = time.monotonic() + 20
+        while descendants().get(self.core.pid, "").startswith("VLLM::") is False and time.monotonic() < deadline:
+            time.sleep(0.05)  # the start returns once its engine process is up (titled)
+
+    def close(self) -> None:
+        for p in (self.core, self.helper):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def test_a_helper_child_that_exits_normally_is_not_an_engine_process_lost(tiny_model_dir, tmp_path):
+    """Issue 42, B4: once the engine is up, ``RolloutWorker.setup`` records the engine's processes
+    for the heartbeat. A helper child that exits normally afterwards is not "engine process gone"
+    (it was recorded as the engine's, and the engine replaced); the engine's own process gone is."""
+    from grpo_dist.config import config_from_dict
+    from grpo_dist.rollout.worker import RolloutWorker
+
+    class Worker(RolloutWorker):
+        def _make_engine(self, seed):
+            return HelperEngine()
+
+    w = Worker(config_from_dict({"model": {"path": str(tiny_model_dir)}, "sync": {"tmp_dir": str(tmp_path)}}))
+    w.setup()
+    try:
+        core, helper = w.engine.core, w.engine.helper
+        assert helper.poll() is None  # alive when the worker recorded its engine's processes
+        assert w.engine_pids == {core.pid: descendants()[core.pid]}
+        helper.stdin.close()  # its work done: it exits 0
+        assert helper.wait(timeout=20) == 0
+        assert problems(w.engine_pids) == []
+        os.kill(core.pid, signal.SIGKILL)
+        core.wait()
+        assert problems(w.engine_pids) == [(core.pid, w.engine_pids[core.pid], "gone")]
+    finally:
+        w.close()
+
+
+class PublishesVersion:
+    """A learner rank whose weight update says version ``version`` (a rank that missed an update:
+    a bookkeeping bug the sync must name, not hand on)."""
+
+    def __init__(self, version: int):
+        self.version = version
+
+    def publish_update(self):
+        return self.version, None
+
+
+@pytest.mark.slow
+def test_a_learner_rank_at_another_version_than_pushed_is_named(ray_cluster):
+    """``WeightSync._learner_half(version)`` (issue 42, minor: it ignored the version): every
+    learner rank must publish the version the driver pushes (on a restore, the same one); a rank
+    that does not stops the push with one line naming it, before any engine is sent a load."""
+    from grpo_dist.cluster.ray_utils import ClusterError
+    from grpo_dist.sync.weight_sync import WeightSync
+
+    learners, engines = sync_parties(PublishesVersion, [(1,), (2,)])
+    try:
+        sync = WeightSync()
+        sync.setup(learners, engines)
+        with pytest.raises(ClusterError, match=r"^weight sync: learner rank 1 published version 2, not the "
+                                               r"version 1 pushed$") as e:
+            sync.push(1)
+        assert (e.value.role, e.value.rank, e.value.dead, e.value.hung) == ("learner", 1, False, False)
+        assert sync.loads == [] and sync.version == 0
+        with pytest.raises(ClusterError, match=r"^weight sync: learner rank 1 published version 2, not the "
+                                               r"version 1 of rank 0$"):
+            sync.restore()
+    finally:
+        learners.kill()
+        engines.kill()

@@ -183,8 +183,9 @@ class LearnerConfig(Section):
     micro_batch_tokens: Optional[int] = Field(
         None, gt=0, description="A token budget per micro-batch instead of a count (verl's dynamic batch size): "
         "consecutive sequences join a micro-batch while the tokens it runs through the model stay within this "
-        "(packed: a group's prompt once plus its completions; padded: rows x the longest); a longer sequence "
-        "gets one of its own. Every rank runs as many micro-batches as the rank that needs most. The gradient "
+        "(packed: its completions and a prompt once per packed row; padded: rows x the longest); a longer sequence "
+        "gets one of its own. Every rank runs as many micro-batches as the rank that needs most (a rank short of "
+        "rows: idle ones, with zero loss). The gradient "
         "is the same as with any split (the loss is normalised by the step's global counts); "
         "learner.micro_batch_size is then unused. null: micro_batch_size sequences per micro-batch.")
     torch_adam: bool = Field(True, description="Use torch Adam in DeepSpeed (no fused-op compile; needed on CPU).")

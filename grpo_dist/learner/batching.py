@@ -12,8 +12,10 @@ column ``j`` is completion token ``j`` (so ``loss_mask`` and behaviour log-probs
 
 from __future__ import annotations
 
+import collections
+import heapq
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -118,10 +120,24 @@ def collate(batch: TrainBatch, rows: Optional[range] = None, pad_id: int = 0) ->
 
 
 def micro_batch_rows(n: int, num_micro: int) -> list[range]:
-    """Split ``n`` rows into ``num_micro`` contiguous, near-equal, non-empty ranges."""
-    if num_micro < 1 or n < num_micro:
+    """Split ``n`` rows into ``num_micro`` contiguous, near-equal ranges, non-empty while there are
+    rows: with fewer rows than ``num_micro`` (a rank's uneven shard), one row each and then empty
+    ranges ``range(n, n)`` (micro-batches that train on nothing: :func:`idle_batch`)."""
+    if num_micro < 1:
         raise ValueError(f"cannot split {n} sequences into {num_micro} micro-batches")
+    if n < num_micro:
+        return [range(i, i + 1) for i in range(n)] + [range(n, n)] * (num_micro - n)
     return [range(n * k // num_micro, n * (k + 1) // num_micro) for k in range(num_micro)]
+
+
+def idle_batch(batch: TrainBatch, pad_id: int) -> TrainBatch:
+    """The micro-batch of an empty range: one two-token sequence with loss mask 0 and advantage 0
+    (and a behaviour log-prob where ``batch`` has them). A rank short of rows runs it so that every
+    rank runs the same number of backward passes (ZeRO-2/3 reduce gradients in each); its loss and
+    gradient are exactly 0 and its counts (tokens, sequences) 0."""
+    return TrainBatch(prompt_ids=[[pad_id]], completion_ids=[[pad_id]],
+                      behaviour_logprobs=[[0.0]] if batch.behaviour_logprobs else [], advantages=[0.0],
+                      loss_mask=[[0.0]])
 
 
 def gather_completion(window: torch.Tensor, index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -130,57 +146,94 @@ def gather_completion(window: torch.Tensor, index: torch.Tensor, valid: torch.Te
     return torch.where(valid, out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
-def range_tokens(batch: TrainBatch, rows: range, packed: bool) -> int:
-    """The tokens the rows ``rows`` run through the model: packed, every completion and a prompt
-    once per run of consecutive rows sharing it; padded, the rows times the longest sequence."""
-    if not packed:
-        return len(rows) * max(len(batch.prompt_ids[i]) + len(batch.completion_ids[i]) for i in rows)
-    total, prev = 0, None
-    for i in rows:
-        p = batch.prompt_ids[i]
-        if prev is None or list(p) != list(prev):
-            total += len(p)
-        total += len(batch.completion_ids[i])
-        prev = p
-    return total
+def _shared_prompts(batch: TrainBatch) -> list[bool]:
+    """Whether each row's prompt is the previous row's (one comparison per row, made once)."""
+    p = batch.prompt_ids
+    return [i > 0 and list(p[i]) == list(p[i - 1]) for i in range(len(batch))]
 
 
-def token_micro_batches(batch: TrainBatch, budget: int, packed: bool, count: Optional[int] = None) -> list[range]:
+def _growing_tokens(batch: TrainBatch, start: int, stop: int, packed: bool, pack_len: int,
+                    shared: Optional[list[bool]] = None) -> Iterator[int]:
+    """``range_tokens(batch, range(start, i + 1), packed, pack_len)`` for ``i = start .. stop - 1``,
+    one row at a time (O(1) each, given ``shared``: :func:`_shared_prompts`)."""
+    cost = size = longest = 0
+    for i in range(start, stop):
+        p, n = len(batch.prompt_ids[i]), len(batch.completion_ids[i])
+        if not packed:
+            longest = max(longest, p + n)
+            cost = (i - start + 1) * longest
+        elif i > start and (shared[i] if shared is not None else list(batch.prompt_ids[i]) == list(
+                batch.prompt_ids[i - 1])) and (not pack_len or size + n <= pack_len):
+            cost, size = cost + n, size + n  # in the packed row of its prompt
+        else:
+            cost, size = cost + p + n, p + n  # a new packed row: its prompt first
+        yield cost
+
+
+def range_tokens(batch: TrainBatch, rows: range, packed: bool, pack_len: int = 0) -> int:
+    """The tokens the rows ``rows`` run through the model. Packed, every completion, and the prompt
+    once per packed row (``packing.plan_rows``): the group layout (``pack_len`` 0) once per run of
+    consecutive rows sharing it; the mask layout (rows of at most ``pack_len`` tokens) again in each
+    row a longer group spills into -- the real tokens ``Collated.tokens`` counts (not the mask
+    layout's padding of its rows to the longest). Padded: the rows times the longest sequence."""
+    return _last(_growing_tokens(batch, rows.start, rows.stop, packed, pack_len))
+
+
+def token_micro_batches(batch: TrainBatch, budget: int, packed: bool, count: Optional[int] = None,
+                        pack_len: int = 0) -> list[range]:
     """``learner.micro_batch_tokens``: contiguous ranges of rows, each running at most ``budget``
     tokens (``range_tokens``; a longer sequence alone), filled greedily in order. ``count``: exactly
-    that many ranges (:func:`split_micro_batches`)."""
+    that many ranges (:func:`split_micro_batches`). ``pack_len``: the mask layout's row length."""
     parts: list[range] = []
-    start, cost, longest = 0, 0, 0
-    for i in range(len(batch)):  # range_tokens(start .. i), kept as it grows (one pass, not one sum per row)
-        p = batch.prompt_ids[i]
-        seq = len(p) + len(batch.completion_ids[i])
-        shared = i > start and list(p) == list(batch.prompt_ids[i - 1])  # packed: its prompt is in already
-        grown = cost + seq - (len(p) if shared else 0) if packed else (i - start + 1) * max(longest, seq)
-        if i > start and grown > budget:  # row i opens the next micro-batch
-            parts.append(range(start, i))
-            start, grown, longest = i, seq, 0
-        cost, longest = grown, max(longest, seq)
-    if len(batch):
-        parts.append(range(start, len(batch)))
-    return parts if count is None else split_micro_batches(batch, parts, count, packed, budget)
+    shared = _shared_prompts(batch) if packed else None
+    start, n = 0, len(batch)
+    while start < n:  # one pass: each row is costed once (the one that opens the next range twice)
+        stop = start + 1
+        for i, cost in enumerate(_growing_tokens(batch, start, n, packed, pack_len, shared), start):
+            if i > start and cost > budget:  # row i opens the next micro-batch
+                break
+            stop = i + 1
+        parts.append(range(start, stop))
+        start = stop
+    return parts if count is None else split_micro_batches(batch, parts, count, packed, budget, pack_len)
 
 
 def split_micro_batches(batch: TrainBatch, parts: list[range], count: int, packed: bool,
-                        budget: int) -> list[range]:
-    """``parts`` (:func:`token_micro_batches` of ``budget``) made exactly ``count`` ranges, the
-    costliest split at its token midpoint until there are (every rank runs the largest rank's
-    count); a count below ``len(parts)``, or above the rows, raises ValueError."""
-    n = len(batch)
-    if count > n:
-        raise ValueError(f"cannot split into {count} micro-batches of {n} sequences")
+                        budget: int, pack_len: int = 0) -> list[range]:
+    """``parts`` (:func:`token_micro_batches` of ``budget``) made exactly ``count`` ranges (every
+    rank runs the largest rank's count): the costliest range (the first of equals) split at its
+    token midpoint (the first cut with at least half its tokens before it) until there are
+    ``count``, or one row each; past the rows, empty ranges ``range(n, n)`` after them (a rank with
+    fewer rows than ``count``: :func:`idle_batch`). A count below ``len(parts)`` raises ValueError.
+    Linear in the rows of the range split, per split (a heap keeps the costliest)."""
     if count < len(parts):
         raise ValueError(f"{count} micro-batches are fewer than the {len(parts)} a budget of {budget} tokens needs")
-    parts = list(parts)
-    while len(parts) < count:
-        k = max((j for j, r in enumerate(parts) if len(r) > 1), key=lambda j: range_tokens(batch, parts[j], packed))
-        r = parts[k]
-        half = range_tokens(batch, r, packed) / 2
-        cut = next((c for c in range(r.start + 1, r.stop) if range_tokens(batch, range(r.start, c), packed) >= half),
-                   r.stop - 1)
-        parts[k:k + 1] = [range(r.start, cut), range(cut, r.stop)]
-    return parts
+    n = len(batch)
+    shared = _shared_prompts(batch) if packed else None
+
+    def tokens(a: int, b: int) -> int:
+        return _last(_growing_tokens(batch, a, b, packed, pack_len, shared))
+
+    by_start = {r.start: r for r in parts}
+    heap = [(-tokens(r.start, r.stop), r.start, r.stop) for r in parts if len(r) > 1]
+    heapq.heapify(heap)
+    for _ in range(min(count, n) - len(parts)):
+        neg, a, b = heapq.heappop(heap)  # the costliest, the first of equals (its start is the smallest)
+        half, cut, left = -neg / 2, b - 1, 0
+        for c, t in enumerate(_growing_tokens(batch, a, b - 1, packed, pack_len, shared), a + 1):
+            left = t  # tokens of rows a .. c - 1
+            if t >= half:
+                cut = c
+                break
+        by_start[a], by_start[cut] = range(a, cut), range(cut, b)
+        for lo, hi, cost in ((a, cut, left), (cut, b, None)):
+            if hi - lo > 1:
+                heapq.heappush(heap, (-(cost if cost is not None else tokens(lo, hi)), lo, hi))
+    out = [by_start[s] for s in sorted(by_start)]
+    return out + [range(n, n)] * (count - len(out))
+
+
+def _last(costs: Iterator[int]) -> int:
+    """The last of a :func:`_growing_tokens` sequence (0 for none)."""
+    last = collections.deque(costs, maxlen=1)
+    return last[0] if last else 0

@@ -26,7 +26,7 @@ from grpo_dist.config import Config
 from grpo_dist.types import TrainBatch
 
 from . import perf
-from .batching import Collated, micro_batch_rows, split_micro_batches, token_micro_batches
+from .batching import Collated, idle_batch, micro_batch_rows, split_micro_batches, token_micro_batches
 from .layout import Layout
 from .loss import compute_loss
 from .model import PolicyModel
@@ -64,7 +64,10 @@ class TrainStep:
         t0 = time.perf_counter()
         if len(batch.advantages) != len(batch):
             raise ValueError(f"batch has {len(batch)} completions but {len(batch.advantages)} advantages")
-        micro = [self.layout.collate(batch, r) for r in self._micro_rows(batch)]
+        rows = self._micro_rows(batch)
+        micro = [self.layout.collate(batch, r) if len(r) else self.layout.collate(idle_batch(batch, p.pad_id))
+                 for r in rows]
+        seqs = [len(r) for r in rows]  # an idle micro-batch (a rank short of rows) weighs nothing
         nograd_passes = 0
         selected = None
         if a.top_entropy_frac < 1.0:
@@ -104,11 +107,11 @@ class TrainStep:
                     is_w[i], is_metrics = rollout_is_weights(
                         old_i, mb.behaviour_logp, mb.mask, a.rollout_is, a.rollout_is_level,
                         a.rollout_is_threshold, a.rollout_is_threshold_low, tensor_metrics=True)
-                    acc.add(is_metrics, counts[i], len(mb.lengths))
+                    acc.add(is_metrics, counts[i], seqs[i])
                 loss, metrics = compute_loss(a, logp, old_i, ref_i, mb.advantages, mb.mask, max_len=max_len,
                                              global_tokens=global_tokens, global_seqs=global_seqs,
                                              is_weights=is_w[i])
-                acc.add(metrics, counts[i], len(mb.lengths))
+                acc.add(metrics, counts[i], seqs[i])
                 if it == 0:
                     self._diagnostics(acc, logp.detach(), ent, mb, counts[i])
                 if self.cfg.learner.micro_batch_tokens:  # a count per step of its own: the boundary is ours
@@ -142,15 +145,20 @@ class TrainStep:
 
     def _micro_rows(self, batch: TrainBatch) -> list[range]:
         """This rank's micro-batches: ``gas`` near-equal ranges, or by ``learner.micro_batch_tokens``
-        (as many on every rank as the rank that needs most: ZeRO-2/3 run collectives per backward)."""
+        (as many on every rank as the rank that needs most: ZeRO-2/3 run collectives per backward).
+        Shards are uneven (agent segments, dynamic sampling, a batch no rank count divides): a rank
+        with fewer rows than the count runs one row per range, then empty ranges, each an idle
+        micro-batch (``batching.idle_batch``: zero loss and gradient, yet it joins the backward's
+        collectives). Capping the count at the smallest shard instead would push the rank that needs
+        most past its budget, the bound on its memory."""
         budget = self.cfg.learner.micro_batch_tokens
         if not budget:
             return micro_batch_rows(len(batch), self.policy.gas)
-        packed = self.layout.mode != "off"
-        rows = token_micro_batches(batch, budget, packed)
+        packed, pack_len = self.layout.mode != "off", self.layout.pack_len if self.layout.mode == "mask" else 0
+        rows = token_micro_batches(batch, budget, packed, pack_len=pack_len)
         if self.policy.world_size > 1:
             most = int(all_reduce_floats([float(len(rows))], "max")[0])
-            rows = split_micro_batches(batch, rows, most, packed, budget)
+            rows = split_micro_batches(batch, rows, most, packed, budget, pack_len)
         return rows
 
     def _perf(self, tokens: float, updates: int, nograd_passes: int, seconds: float) -> dict[str, float]:

@@ -22,7 +22,7 @@ from grpo_dist.rollout.weight_group import WeightGroupMember, weight_group_engin
 from grpo_dist.sync import AdapterStore, make_transport
 from grpo_dist.sync.merge import LoraMerger, read_adapter_dir
 from grpo_dist.types import AdapterUpdate, Rollout, RolloutGroup
-from grpo_dist.util.proc_health import EngineProcessLost, StartWatch, descendants, describe, exited_on_its_own
+from grpo_dist.util.proc_health import EngineProcessLost, StartWatch, describe, engine_processes, exited_on_its_own
 
 log = logging.getLogger("grpo_dist.rollout")
 
@@ -91,8 +91,9 @@ class RolloutWorker(WeightGroupMember):
                                             f"{e.__class__.__name__}: {e}") from e
                 self.engine_pids = {}  # a start that failed on its own: its exited processes are no news
                 raise
-        # the processes the engine started (none in process): the heartbeat reports them stopped or gone
-        self.engine_pids = descendants()
+        # the engine's processes (none in process), by StartWatch's rule: the heartbeat reports them stopped
+        # or gone. Not every child: a helper that exits normally (a compiler's worker) is no engine lost
+        self.engine_pids = engine_processes()
         mode, _ = adapter_mode(self.cfg)
         # merged: the engine copies a version in when it reloads, so only the newest is kept on disk
         keep = 1 if mode == "merged" else self.cfg.sync.keep_versions

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import ray
 
@@ -65,14 +65,23 @@ class WeightSync:
         self.learners, self.engines, self.recovery = learners, engines, recovery
 
     # -- the two halves ------------------------------------------------------------------------
-    def _learner_half(self, version: int) -> Any:
+    def _learner_half(self, version: Optional[int]) -> Any:
         """A Ray ref to the payload of the learner's current weights (every rank is called), made:
         the engines' loads are sent only once it exists. A load sent before would wait for it inside
         Ray, and every later call to that engine, its heartbeat too, would queue behind it: a
         stopped learner would read as a silent engine, be replaced, and blamed again. Waited on
-        here, with the learners' heartbeats, a stopped learner is named."""
+        here, with the learners' heartbeats, a stopped learner is named.
+
+        ``version``: the one every rank must publish (the driver's push); None (a restore): the one
+        rank 0 publishes. A rank at another version (it missed or repeated an update) raises a
+        ClusterError naming it, before any engine is sent the payload."""
         pairs = [a.publish_update.options(num_returns=2).remote() for a in self.learners.actors]
-        self.learners.get([version for version, _ in pairs])  # never the payload: it stays in the store
+        got = self.learners.get([v for v, _ in pairs])  # never the payload: it stays in the store
+        want, of = (got[0], "of rank 0") if version is None else (version, "pushed")
+        for rank, v in enumerate(got):
+            if v != want:
+                raise ClusterError(f"weight sync: learner rank {rank} published version {v}, not the version "
+                                   f"{want} {of}", "learner", rank)
         return pairs[0][1]
 
     def _engine_half(self, actor: Any, payload: Any) -> Any:
@@ -132,7 +141,7 @@ class WeightSync:
     def restore(self) -> int:
         """After a resume: every engine loads the learner's restored weights (a dead engine is
         replaced and the loads sent again); returns their version, now the sync's."""
-        self._payload = self._learner_half(self.version)
+        self._payload = self._learner_half(None)  # the restored version: whatever the learner resumed at
 
         def load_all() -> list[dict]:
             return self.engines.get([self._engine_half(a, self._payload) for a in self.engines.actors])

@@ -1,9 +1,11 @@
 """The health of an actor's engine processes (psutil): stopped, exited or gone.
 
 A rollout actor records the processes its engine started (vLLM's engine core and, on CPU, its
-worker) once the engine is up (:func:`descendants`); its heartbeat then reports any of them
-stopped (SIGSTOP, a debugger), exited (a zombie not yet reaped) or gone (SIGKILL, the OOM killer):
-:func:`problems`. Children that come and go (a reward sandbox, a tool call) are never recorded.
+worker: the processes titled ``VLLM::...``) while the engine starts (:class:`StartWatch`) and once
+it is up (:func:`engine_processes`); its heartbeat then reports any of them stopped (SIGSTOP, a
+debugger), exited (a zombie not yet reaped) or gone (SIGKILL, the OOM killer): :func:`problems`.
+Children that come and go (a compiler's workers, a reward sandbox, a tool call) are never recorded:
+one that exits normally is no engine lost.
 """
 
 from __future__ import annotations
@@ -84,6 +86,11 @@ def exited_on_its_own(e: BaseException) -> bool:
 ENGINE_PREFIX = "VLLM::"  # the titles vLLM gives its engine core and workers (psutil's name: the first 15 chars)
 
 
+def engine_processes(prefix: str = ENGINE_PREFIX) -> dict[int, str]:
+    """The live processes below this one titled ``prefix...`` (the engine's), by pid, with their name."""
+    return {pid: name for pid, name in descendants().items() if name.startswith(prefix)}
+
+
 class StartWatch:
     """While an engine starts: every ``every`` s, the processes below this one named ``VLLM::...``
     are recorded into ``owner.engine_pids`` (a new dict each time: the heartbeat thread reads it),
@@ -102,7 +109,7 @@ class StartWatch:
         self._thread = threading.Thread(target=self._run, name="engine-start-watch", daemon=True)
 
     def _look(self) -> None:
-        new = {pid: name for pid, name in descendants().items() if name.startswith(self.prefix) and pid not in self.seen}
+        new = {pid: name for pid, name in engine_processes(self.prefix).items() if pid not in self.seen}
         if new:
             self.seen = {**self.seen, **new}
             self.owner.engine_pids = dict(self.seen)
