@@ -48,7 +48,9 @@ def test_the_key_changes_with_each_input_and_only_with_those(setup, monkeypatch)
     same = [cfg(trainer={"seed": 7, "steps": 3}), cfg(rollout={"num_workers": 1, "group_size": 4}),
             cfg(algo={"preset": "dapo"}), cfg(eval={"before": False}), cfg(logging={"wandb_mode": "disabled"}),
             load_config(DEMO, {"model": {"path": str(model), "make_if_missing": None}, "output_dir": "runs/x",
-                               "reward": cfg().reward.model_dump()})]
+                               "reward": cfg().reward.model_dump()}),
+            cfg(model={"path": "model/"}),  # the same directory, relative (the test runs in its parent)
+            cfg(model={"make_if_missing": {"size": "small"}})]  # generates only where no model is
     for c in same:
         assert key(c) == base
     changed = {

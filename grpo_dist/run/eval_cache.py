@@ -11,7 +11,7 @@ after a training) reuses it, saying so in one line.
 
 The key (:func:`key_inputs`; stored beside the report, so two records show why they differ):
 
-* the model: its directory and every file's name, size and mtime (a changed, re-downloaded or
+* the model: its resolved directory and every file's name, size and mtime (a changed, re-downloaded or
   re-converted weights file is another model; hashing 0.5 GB of weights would cost seconds);
 * the sets: a hash of every held-out record (id, the prompt as the engine sees it, its columns)
   of the main set and of each ``eval.extra`` set;
@@ -155,7 +155,9 @@ def key_inputs(cfg: Config, records: list[Any], extra: dict[str, list[Any]]) -> 
     if model is None:
         return None
     dump = lambda section, skip=(): {k: v for k, v in section.model_dump(mode="json").items() if k not in skip}
-    conf = {"model": dump(cfg.model), "lora": dump(cfg.lora), "rollout": dump(cfg.rollout, _ROLLOUT_SKIP),
+    # the model by its resolved directory and files (a hub id, pkg: or a relative path name the same one);
+    # make_if_missing acts only where there are no files
+    conf = {"model": {**dump(cfg.model, ("make_if_missing",)), "path": model["dir"]}, "lora": dump(cfg.lora), "rollout": dump(cfg.rollout, _ROLLOUT_SKIP),
             "reward": dump(cfg.reward, _REWARD_SKIP), "eval": dump(cfg.eval, _EVAL_SKIP),
             "cluster": {k: v for k, v in dump(cfg.cluster).items() if k in _CLUSTER_KEEP}}
     return {"model": model, "config": conf, "plugins": plugin_files([conf["rollout"], conf["reward"]]),
