@@ -157,8 +157,8 @@ def key_inputs(cfg: Config, records: list[Any], extra: dict[str, list[Any]]) -> 
     dump = lambda section, skip=(): {k: v for k, v in section.model_dump(mode="json").items() if k not in skip}
     # the model by its resolved directory and files (a hub id, pkg: or a relative path name the same one);
     # make_if_missing acts only where there are no files
-    conf = {"model": {**dump(cfg.model, ("make_if_missing",)), "path": model["dir"]}, "lora": dump(cfg.lora), "rollout": dump(cfg.rollout, _ROLLOUT_SKIP),
-            "reward": dump(cfg.reward, _REWARD_SKIP), "eval": dump(cfg.eval, _EVAL_SKIP),
+    conf = {"model": {**dump(cfg.model, ("make_if_missing",)), "path": model["dir"]}, "lora": dump(cfg.lora),
+            "rollout": dump(cfg.rollout, _ROLLOUT_SKIP), "reward": dump(cfg.reward, _REWARD_SKIP), "eval": dump(cfg.eval, _EVAL_SKIP),
             "cluster": {k: v for k, v in dump(cfg.cluster).items() if k in _CLUSTER_KEEP}}
     return {"model": model, "config": conf, "plugins": plugin_files([conf["rollout"], conf["reward"]]),
             "sets": {"main": records_hash(records), **{k: records_hash(v) for k, v in sorted(extra.items())}},
