@@ -7,7 +7,7 @@ the next steps are generated (with the weights of their start) while the learner
 sample is more than k versions older than the learner.
 
 Everything else lives below: the run's lifecycle and cadence in ``run/``, batch or streaming
-generation in ``rollout/manager.py``, the weight sync in ``sync/``, the math in ``algo/``.
+generation in ``orchestrator/manager.py``, the weight sync in ``sync/``, the math in ``algo/``.
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ _WORKER_SPANS: list[int] = []  # the worker spans and other ports given to the n
 _PORTS_GIVEN: list[int] = []
 _KEEP = ("LANG", "LC_ALL", "USER", "LOGNAME", "SHELL", "TERM", "TMPDIR", "TZ",
          # the shared caches of this machine: a user's home has the compiled DeepSpeed op already
-         "GRPO_DIST_CACHE", "TORCH_EXTENSIONS_DIR")
+         "GRPO_DIST_CACHE", "TORCH_EXTENSIONS_DIR",
+         "GRPO_DIST_EVAL_CACHE")  # off in the tests (conftest.py): every run evaluates its base model
 
 
 def user_env(home: Path, **extra: str) -> dict[str, str]:

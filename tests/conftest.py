@@ -15,6 +15,9 @@ from grpo_dist.util.procenv import setup_env
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network: local models and datasets only
 setup_env()
 os.environ.setdefault("WANDB_MODE", "offline")
+# every test evaluates what it tests: no base-model evaluation recorded or reused (run/eval_cache.py)
+# unless a test points GRPO_DIST_EVAL_CACHE at a directory of its own
+os.environ["GRPO_DIST_EVAL_CACHE"] = "off"
 
 
 # pytest-xdist (`make test`: two workers): every test belongs to a group that runs whole on one worker,

@@ -47,6 +47,8 @@ def run(pretrained_model_dir, tmp_path_factory):
     from grpo_dist.cluster.ray_utils import shutdown_ray
 
     out = tmp_path_factory.mktemp("e2e")
+    mp = pytest.MonkeyPatch()  # the base model's evaluation recorded here (run/eval_cache.py): eval --adapter reuses it
+    mp.setenv("GRPO_DIST_EVAL_CACHE", str(tmp_path_factory.mktemp("evals")))
     cfg = load_config(ROOT / "configs" / "tiny_cpu.yaml", {
         "output_dir": str(out),
         "model": {"path": str(pretrained_model_dir), "make_if_missing": None},
@@ -60,6 +62,7 @@ def run(pretrained_model_dir, tmp_path_factory):
     yield trainer, summary
     trainer.close()
     shutdown_ray()
+    mp.undo()
 
 
 def test_workers_are_live_ray_actors(run):
@@ -195,7 +198,9 @@ def test_training_raises_reward(run):
 
 
 def test_eval_cli_reports_base_and_adapter(run, tmp_path):
-    """`grpo-dist eval --adapter` in its own process: its own local Ray cluster and vLLM workers."""
+    """`grpo-dist eval --adapter` in its own process: its own local Ray cluster and vLLM workers. The
+    base model's evaluation is the training's (recorded before it trained, reused: the same model,
+    sets, seed and sampling; one engine here, two there); only the adapter is evaluated."""
     import subprocess
     import sys
 
@@ -209,6 +214,9 @@ def test_eval_cli_reports_base_and_adapter(run, tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads(report_path.read_text())
+    assert "base-model evaluation reused from " in r.stdout and "evaluating the base model" not in r.stdout
+    assert report["base"]["reused_from"] in r.stdout
+    assert {k: v for k, v in report["base"].items() if k not in ("samples", "reused_from")} == summary["eval_before"]
     for which in ("base", "adapter_eval"):
         assert {"sampled_accuracy", "greedy_accuracy", "pass@1", "pass@4", "mean_reward"} <= set(report[which])
         assert report[which]["num_prompts"] == 64 and report[which]["samples"]

@@ -2,7 +2,7 @@
 
 The workers (RolloutWorker, RewardWorker, Learner) are plain classes; ``grpo_dist.run.workers``
 builds the three groups from them with :class:`Placed` mixed in, through
-``ActorGroup.create`` (the one ``ray.remote`` site, ``ray_utils.py``).
+``ActorGroup.create`` (``ray_utils.py``: the one place an actor class becomes a Ray actor).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Ray glue: start or join a cluster, run actor groups (placement: ``placement.py``).
 
 The workers themselves (RolloutWorker, RewardWorker, Learner) are plain classes; this module is
-the only place that knows about ``ray.remote``.
+the only place an actor class becomes a Ray actor (``ray.remote``). The other ``ray.remote`` uses
+are small tasks: node probes (``node_loss.py``, ``shared_dir.py``) and ``grpo-dist doctor``'s check.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ class RolloutConfig(Section):
     streaming: bool = Field(False, description="Streaming pipeline (vLLM only): each rollout actor runs vLLM's async "
                             "engine and takes one request per group continuously, groups go to the engine with the fewest "
                             "outstanding groups, each finished group to a reward actor at once, scored groups wait in a "
-                            "bounded buffer (grpo_dist/rollout/stream.py). false: batches of prompts per engine.")
+                            "bounded buffer (grpo_dist/orchestrator/stream.py). false: batches of prompts per engine.")
     env: str = Field("single_turn", description="The environment each trajectory talks to (grpo_dist/envs): "
                      "single_turn (one completion per prompt), a built-in (calculator, python_code, guess_number, "
                      "tools), or 'module:Class' / 'file.py:Class' with reset(record) and step(completion) -> EnvStep "

@@ -341,6 +341,11 @@ class EvalConfig(Section):
     before: bool = Field(True, description="Evaluate the base model before training too; false: only after training "
                          "(the base's figures are known from an earlier run or `grpo-dist eval`, and the base model "
                          "evaluates slowly: long answers). trainer.eval_before_after: false turns off both.")
+    reuse_base: bool = Field(True, description="Reuse a recorded evaluation of the base model (by `grpo-dist eval` "
+                             "or an earlier training) whose model files, held-out sets, sampling, rewards and "
+                             "evaluation code are the same (the training seed is not part of it), instead of "
+                             "evaluating it again; a line says so. Records: $GRPO_DIST_EVAL_CACHE, else "
+                             "<project cache>/evals (GRPO_DIST_EVAL_CACHE=off: none). false: evaluate (and record).")
     extra: dict[str, str] = Field(
         default_factory=dict, description="More held-out sets, evaluated before and after training like the main one "
         "and by `grpo-dist eval`: name -> source (same formats as data.eval_path; a builtin's eval split, "

@@ -17,11 +17,47 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
+class _Engines:
+    """The rollout and reward workers, started on first use: a recorded base evaluation needs none."""
+
+    def __init__(self, cfg: Config):
+        self.cfg, self.groups = cfg, None
+
+    def get(self) -> tuple[Any, Any]:
+        from grpo_dist.cluster.ray_utils import init_ray, worker_log_path
+        from grpo_dist.run.workers import create_generators
+
+        if self.groups is None:
+            cfg, c = self.cfg, self.cfg.cluster
+            init_ray(cfg)
+            t0 = time.perf_counter()
+            print(f"starting {cfg.rollout.num_workers} {cfg.rollout.backend} engine(s) on {cfg.model.path}"
+                  + ("" if cfg.logging.verbose else f" (their logs: {worker_log_path(cfg)})") + " ...", flush=True)
+            self.groups = rollout, reward = create_generators(cfg)
+            rollout.get(rollout.call("setup"), timeout=c.actor_start_timeout_s)
+            reward.get(reward.call("names"), timeout=c.actor_start_timeout_s)
+            print(f"engines ready in {time.perf_counter() - t0:.0f} s", flush=True)
+        return self.groups
+
+    def close(self) -> None:
+        """Engines release their processes and adapter dirs (after a run that went well)."""
+        if self.groups is not None:
+            rollout = self.groups[0]
+            rollout.get(rollout.call("close"))
+
+    def kill(self) -> None:
+        from grpo_dist.cluster.ray_utils import shutdown_ray
+
+        if self.groups is not None:
+            for group in self.groups:
+                group.kill()
+            shutdown_ray()
+
+
 def run_eval(cfg: Config, adapter: str | None, out: str | None = None) -> dict[str, Any]:
-    from grpo_dist.run.workers import create_generators
-    from grpo_dist.cluster.ray_utils import init_ray, shutdown_ray, worker_log_path
-    from grpo_dist.run.evaluation import eval_metrics, evaluate_sets
     from grpo_dist.run.adapter_check import check_adapter
+    from grpo_dist.run.eval_cache import base_evaluation
+    from grpo_dist.run.evaluation import eval_metrics, evaluate_sets
     from grpo_dist.run.preflight import extra_eval_sets, prepared_data
 
     _, records = prepared_data(cfg)  # the held-out prompts training would evaluate on
@@ -31,33 +67,28 @@ def run_eval(cfg: Config, adapter: str | None, out: str | None = None) -> dict[s
     more = "".join(f" + {len(v)} of {k}" for k, v in extra.items())
     if adapter:  # made for this base model (its modules, their shapes): before any engine starts
         check_adapter(adapter, cfg.model.path)
-    init_ray(cfg)
-    c = cfg.cluster
-    t0 = time.perf_counter()
-    print(f"starting {cfg.rollout.num_workers} {cfg.rollout.backend} engine(s) on {cfg.model.path}"
-          + ("" if cfg.logging.verbose else f" (their logs: {worker_log_path(cfg)})") + " ...", flush=True)
-    rollout, reward = create_generators(cfg)
+    engines = _Engines(cfg)
+
+    def evaluate_base(samples: int) -> dict[str, Any]:
+        rollout, reward = engines.get()
+        print(f"evaluating the base model on {len(records)} held-out prompts{more} ...", flush=True)
+        return evaluate_sets(cfg, rollout, reward, records, extra, with_samples=samples, progress=_say)
+
     try:
-        rollout.get(rollout.call("setup"), timeout=c.actor_start_timeout_s)
-        reward.get(reward.call("names"), timeout=c.actor_start_timeout_s)
-        print(f"engines ready in {time.perf_counter() - t0:.0f} s; evaluating the base model on {len(records)} "
-              f"held-out prompts{more} ...", flush=True)
         report: dict[str, Any] = {"model": cfg.model.path, "adapter": adapter, "eval_path": cfg.data.eval_path,
                                   **({"eval_extra": dict(cfg.eval.extra)} if extra else {}),
-                                  "base": evaluate_sets(cfg, rollout, reward, records, extra, with_samples=8,
-                                                        progress=_say)}
+                                  "base": base_evaluation(cfg, records, extra, evaluate_base, "grpo-dist eval", _say)}
         if adapter:
+            rollout, reward = engines.get()
             print(f"evaluating the adapter {adapter} ...", flush=True)
             rollout.get(rollout.call("load_adapter_dir", str(Path(adapter).resolve()), 1))
             report["adapter_eval"] = evaluate_sets(cfg, rollout, reward, records, extra, with_samples=8,
                                                    progress=_say)
             base = eval_metrics(report["base"])
             report["delta"] = {k.split("/", 1)[1]: v - base[k] for k, v in eval_metrics(report["adapter_eval"]).items()}
-        rollout.get(rollout.call("close"))
+        engines.close()
     finally:
-        rollout.kill()
-        reward.kill()
-        shutdown_ray()
+        engines.kill()
     path = (Path(out) if out else Path(cfg.output_dir) / "eval_report.json").absolute()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2, default=float))

@@ -4,7 +4,8 @@ checkpoints) and its reporting (history, summary). The algorithm itself is ``grp
 ``Run(cfg)`` resolves the outputs (absolute ``output_dir``, run id, ``config.yaml``);
 :meth:`Run.start` checks the inputs (pre-flight, cached: the CLI already ran it), starts Ray and
 the three actor groups, wires the weight sync, the rollout manager and dead-actor recovery,
-resumes from a checkpoint and evaluates before training; :meth:`Run.end_step` closes a step;
+resumes from a checkpoint and evaluates before training (or reuses a recorded evaluation of the
+same base model: ``eval_cache.py``); :meth:`Run.end_step` closes a step;
 :meth:`Run.finish` evaluates after training, saves, writes ``summary.json``.
 """
 
@@ -27,6 +28,7 @@ from grpo_dist.run.monitor.tables import sample_table
 from grpo_dist.orchestrator.manager import RolloutManager
 from grpo_dist.run import checkpoint, preflight
 from grpo_dist.run.budget import TimeBudget
+from grpo_dist.run.eval_cache import base_evaluation, without_samples
 from grpo_dist.run.evaluation import eval_metrics, evaluate_sets, headline
 from grpo_dist.run.monitor import Monitor, StepTimer, non_finite
 from grpo_dist.run.monitor.wandb_logger import wandb_segments
@@ -112,8 +114,10 @@ class Run:
         write_metrics(self.out, self.history, append=False)  # the restored steps (none for a fresh run)
         self._resume_point = self.rollouts.data_state()
         self._watch_point = self.rollouts.watch.state_dict()  # the failure counts at that point
-        if self.before is None and self.evaluates() and cfg.eval.before:
-            self.before = self.evaluate("before training")  # a resumed run keeps the original start's
+        if self.before is None and self.evaluates() and cfg.eval.before:  # a resumed run keeps the original start's
+            self.before = without_samples(base_evaluation(  # a recorded one of the same base model, else evaluated
+                cfg, self.eval_records, self.extra_records, lambda n: self.evaluate("before training", n),
+                "grpo-dist train", say=lambda line: print(line, flush=True)))
             broken = self.before.get("reward_failures", {})
             if broken and cfg.reward.max_failure_rate < 1:  # a reward broken on every eval completion: stop now
                 fn, why = next(iter(broken.items()))
@@ -256,14 +260,16 @@ class Run:
         """The run's wall time: this segment's, plus the earlier segments' up to their last checkpoint."""
         return self._wall_before + time.perf_counter() - self._t0
 
-    def evaluate(self, when: str | None = None) -> dict[str, Any]:
-        """The held-out evaluation of the weights the engines serve; ``when`` says so on the console."""
+    def evaluate(self, when: str | None = None, with_samples: int = 0) -> dict[str, Any]:
+        """The held-out evaluation of the weights the engines serve; ``when`` says so on the console;
+        ``with_samples``: the report keeps that many prompts' completions."""
         if when:
             more = "".join(f" + {len(v)} {k}" for k, v in self.extra_records.items())  # eval.extra sets
             print(f"evaluating {len(self.eval_records)} held-out prompts{more} {when} ...", flush=True)
         t0 = time.perf_counter()
         report = evaluate_sets(self.cfg, self.workers.rollout, self.workers.reward, self.eval_records,
-                               self.extra_records, progress=(lambda line: print(line, flush=True)) if when else None)
+                               self.extra_records, with_samples=with_samples,
+                               progress=(lambda line: print(line, flush=True)) if when else None)
         if when:
             more = "".join(f"; {k}: {headline(v)}" for k, v in report.get("extra", {}).items())
             print(f"evaluated {when} in {time.perf_counter() - t0:.0f} s: {headline(report)}{more}", flush=True)
