@@ -15,6 +15,9 @@ from __future__ import annotations
 import datetime
 
 SHM_OP = "deepspeed_shm_comm"
+# one store per rendezvous in a process: a group destroyed and formed again on the same address (the
+# tests' in-process learners) reuses it, as torch's env:// store (multi-tenant) did; its server lives on
+_STORES: dict = {}
 
 
 def skip_shm_op() -> None:
@@ -46,6 +49,8 @@ def init_process_group(backend: str, timeout: datetime.timedelta | None = None) 
         gloo_on_loopback(addr)
     timeout = timeout or dist.default_pg_timeout
     if not dist.is_initialized():
-        store = tcp_store(addr, port, world, rank == 0, timeout)
+        key = (addr, port, world, rank)
+        store = _STORES.get(key) or tcp_store(addr, port, world, rank == 0, timeout)
+        _STORES[key] = store
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False, timeout=timeout)
