@@ -334,6 +334,50 @@ def test_a_busy_peer_of_a_raising_actor_is_not_replaced(ray_cluster, role):
         g.kill()
 
 
+class Stuck:
+    """A rollout worker whose engine call stops moving (its heartbeat thread still answers)."""
+
+    since = None
+
+    def work(self, seconds: float) -> int:
+        self.since = time.monotonic()
+        time.sleep(seconds)
+        self.since = None
+        return 1
+
+    def engine_stalled_s(self) -> float:
+        return 0.0 if self.since is None else time.monotonic() - self.since
+
+
+@pytest.mark.slow
+def test_an_engine_call_without_progress_is_hung_though_the_heartbeat_answers(ray_cluster):
+    """Issue 42 item 2: an engine stuck inside a call left the run silent (the actor busy, its
+    heartbeat answering); its ``stalled_s`` past cluster.heartbeat_timeout_s makes it hung (replaced)."""
+    import ray
+
+    from grpo_dist.cluster.actors import Placed
+    from grpo_dist.cluster.placement import ActorSpec
+    from grpo_dist.cluster.ray_utils import ActorGroup, ClusterError
+
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False)
+
+    class StuckActor(Placed, Stuck):
+        pass
+
+    g = ActorGroup.create("rollout", StuckActor, [()], spec=ActorSpec(num_cpus=0.1), heartbeat=(0.5, 3.0))
+    try:
+        assert g.get([g.actors[0].work.remote(0.1)], ranks=[0]) == [1]
+        t0 = time.monotonic()
+        with pytest.raises(ClusterError, match=r"^rollout worker 0: its engine call made no progress for \d+ s "
+                                               r"\(cluster\.heartbeat_timeout_s 3; the actor answers, the engine "
+                                               r"is stuck\)$") as e:
+            g.get([g.actors[0].work.remote(60.0)], ranks=[0], timeout=600)
+        assert e.value.hung and not e.value.dead and 3.0 <= time.monotonic() - t0 < 8
+    finally:
+        g.kill()
+
+
 def _signal(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)
