@@ -127,3 +127,19 @@ def test_an_engine_call_that_does_not_move_is_reported_stalled(pretrained_model_
         assert max(seen) >= 2.0 and w.engine_stalled_s() == 0.0, seen
     finally:
         w.close()
+
+
+def test_an_engine_that_never_ticks_is_never_reported_stalled():
+    """An engine whose calls cannot say they move (a vLLM whose generate loop does not go through
+    ``llm_engine.step``, the streaming engine) must not be taken for a stuck one on a long call."""
+    from grpo_dist.rollout.base import EngineProgress
+
+    p = EngineProgress()
+    with p.call():
+        time.sleep(0.3)
+        assert p.stalled_s() == 0.0
+    with p.call():
+        p.tick()  # it moved once inside a call: from now on its silence counts
+        time.sleep(0.3)
+        assert p.stalled_s() >= 0.25
+    assert p.stalled_s() == 0.0

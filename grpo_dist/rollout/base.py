@@ -43,27 +43,30 @@ class EngineProgress:
     moved (a call began or ended, a step of the engine finished: ``tick``). The rollout worker's
     heartbeat reports :meth:`stalled_s`, and the driver counts a call stalled past
     ``cluster.heartbeat_timeout_s`` as hung, whatever the heartbeat itself says (an engine stuck
-    inside a call while its process answers). Read from the heartbeat's thread: plain floats."""
+    inside a call while its process answers). An engine that never ticked inside a call (one
+    that cannot say it moves) is never reported stalled. Read from the heartbeat's thread: plain
+    floats."""
 
     def __init__(self) -> None:
-        self.calls, self.last = 0, time.monotonic()
+        self.calls, self.last, self.moves = 0, time.monotonic(), False
 
     def tick(self) -> None:
         self.last = time.monotonic()
+        self.moves = self.moves or self.calls > 0
 
     def stalled_s(self) -> float:
         """Seconds since the engine last moved while a call is in flight (0 when idle)."""
-        return time.monotonic() - self.last if self.calls > 0 else 0.0
+        return time.monotonic() - self.last if self.calls > 0 and self.moves else 0.0
 
     @contextlib.contextmanager
     def call(self) -> Iterator[None]:
         self.calls += 1
-        self.tick()
+        self.last = time.monotonic()
         try:
             yield
         finally:
             self.calls -= 1
-            self.tick()
+            self.last = time.monotonic()
 
 
 def progress_of(engine: "Generator") -> EngineProgress:
