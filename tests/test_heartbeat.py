@@ -362,6 +362,8 @@ def test_an_engine_call_without_progress_is_hung_though_the_heartbeat_answers(ra
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=2, include_dashboard=False)
 
+    from grpo_dist.cluster import ray_utils
+
     class StuckActor(Placed, Stuck):
         pass
 
@@ -373,7 +375,19 @@ def test_an_engine_call_without_progress_is_hung_though_the_heartbeat_answers(ra
                                                r"\(cluster\.heartbeat_timeout_s 3; the actor answers, the engine "
                                                r"is stuck\)$") as e:
             g.get([g.actors[0].work.remote(60.0)], ranks=[0], timeout=600)
-        assert e.value.hung and not e.value.dead and 3.0 <= time.monotonic() - t0 < 8
+        assert e.value.hung and not e.value.dead and not e.value.interrupted and 3.0 <= time.monotonic() - t0 < 8
+        # after a stop request (the first Ctrl-C) the wait gives up after STOP_GRACE_S (10 s), not the timeout
+        g.replace(0)
+        g.heartbeat_timeout_s = 600.0
+        assert g.get([g.actors[0].work.remote(0.1)], ranks=[0], timeout=60) == [1]
+        ray_utils.request_stop()
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(ClusterError, match=r"^rollout worker 0: its engine call made no progress") as e:
+                g.get([g.actors[0].work.remote(60.0)], ranks=[0], timeout=600)
+            assert e.value.interrupted and 10.0 <= time.monotonic() - t0 < 16
+        finally:
+            ray_utils.request_stop(False)
     finally:
         g.kill()
 

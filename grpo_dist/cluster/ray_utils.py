@@ -322,11 +322,14 @@ class _Heartbeats:
             stopped = all(state == "stopped" for _, _, state in beat["problems"])
             raise ClusterError(f"{g.role} worker {rank}: engine process {what}", g.role, rank, dead=not stopped,
                                hung=stopped, interrupted=_stop_requested_at[0] is not None)
-        stalled = float(beat.get("stalled_s") or 0.0)
+        stalled, stop_at = float(beat.get("stalled_s") or 0.0), _stop_requested_at[0]
+        if stop_at is not None and stalled >= STOP_GRACE_S:  # after a stop request: as a silent heartbeat
+            raise ClusterError(f"{g.role} worker {rank}: its engine call made no progress for {stalled:.0f} s (the "
+                               f"engine is stuck)", g.role, rank, hung=True, interrupted=True)
         if g.heartbeat_timeout_s and stalled >= g.heartbeat_timeout_s:  # alive, but its engine does not move
             raise ClusterError(f"{g.role} worker {rank}: its engine call made no progress for {stalled:.0f} s "
                                f"(cluster.heartbeat_timeout_s {g.heartbeat_timeout_s:g}; the actor answers, the engine "
-                               f"is stuck)", g.role, rank, hung=True, interrupted=_stop_requested_at[0] is not None)
+                               f"is stuck)", g.role, rank, hung=True)
 
     def after_error(self, rank: int, cause: BaseException) -> None:
         """A call of ``rank`` raised: if its engine process is gone or stopped (or vLLM says its
