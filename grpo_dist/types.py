@@ -84,6 +84,8 @@ class Rollout:
     # an agent trajectory (rollout.agent) whose history was rewritten: its earlier segments, each with
     # its own prompt, trained as samples of their own with this rollout's advantage; None: one segment
     segments: list["Rollout"] | None = None
+    # stop_reason env_error: what the environment or agent raised, one line (the run names the first)
+    error: str | None = None
 
     @property
     def truncated(self) -> bool:

@@ -174,3 +174,13 @@ def _post(url: str, body: dict) -> list:
             return ["POST", url, r.status, r.read().decode(), dict(r.headers)]
     except urllib.error.HTTPError as e:
         return ["POST", url, e.code, e.read().decode(), dict(e.headers)]
+
+
+def retrying(base_url: str, row: dict) -> float:
+    """The openai SDK's defaults (2 retries of a 5xx with back-off), two calls: as a new user's agent."""
+    client = openai.OpenAI(base_url=base_url, api_key="-")
+    messages = [{"role": "user", "content": str(row["prompt"])}]
+    for _ in range(2):
+        msg = client.chat.completions.create(model="policy", messages=messages, max_tokens=4).choices[0].message
+        messages += [{"role": "assistant", "content": msg.content}, {"role": "user", "content": "Go on."}]
+    return 1.0

@@ -93,3 +93,12 @@ def fail_on(client, row, answer: str = "", wait_s: float = 0.5) -> dict:
         raise RuntimeError("a bug in the rollout function")
     time.sleep(wait_s)
     return two_calls(client, row)
+
+
+def swallows_errors(client, row) -> dict:
+    """A user rollout function that catches every error of its generate call and returns an empty
+    trajectory ending as env_error (an engine error must still fail the call)."""
+    try:
+        return two_calls(client, row)
+    except Exception:  # noqa: BLE001 - what a careless function does
+        return {"completion_ids": [], "loss_mask": [], "logprobs": [], "stop_reason": "env_error"}

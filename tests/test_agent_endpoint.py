@@ -13,6 +13,7 @@ byte-level BPE vocabulary with a ChatML template: tests/bpe_model.py), one engin
 * bad requests get OpenAI-style 4xx errors with a reason (other sampling values, streaming, n, a
   bad role or content, max_tokens 0) and the trajectory goes on; a hung agent is cut at
   ``rollout.trajectory_timeout_s``, one that raises ends as ``env_error``;
+* an engine call that raises fails the worker's call with its error (issue 42);
 * the config refuses ``rollout.agent`` with an environment, and pre-flight names a missing function.
 """
 
@@ -232,6 +233,30 @@ def test_a_hung_agent_is_cut_and_a_raising_one_ends_its_trajectory(worker):
     assert all(sum(r.loss_mask) == len(r.completion_ids) > 0 for r in rollouts)  # its one call is kept
     rollouts = _run(worker, "raises")
     assert all(r.stop_reason == "env_error" and r.completion_ids == [] for r in rollouts)
+    assert all(r.error == "agent: RuntimeError: the agent broke" for r in rollouts)  # named if the run stops
+
+
+@pytest.mark.slow
+def test_an_engine_error_fails_the_call_with_it_not_the_agents(worker):
+    """Issue 42 item 2: the first batched engine call raises (vLLM's CPU attention check did): the
+    agents get a 500, the worker's call fails at once with the engine's error (before, every
+    trajectory ended as env_error and the run trained on them); the engine is not called again
+    in that call, and the next call generates."""
+    import time
+
+    from grpo_dist.testing.rollout import EngineCallFailed, fail_engine_calls
+
+    spy = worker.engine.generate
+    fail_engine_calls(worker)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(EngineCallFailed, match=r"^Check failed: thread_num == thread_num"):
+            _run(worker, "retrying")
+        assert time.monotonic() - t0 < 30 and worker.engine.failed_calls == 1 and worker.calls == []
+        again = _run(worker, "retrying")
+        assert len(again) == 4 and all(r.stop_reason != "env_error" and r.turns == 2 for r in again), again
+    finally:
+        worker.engine.generate = spy
 
 
 @pytest.mark.slow

@@ -167,6 +167,20 @@ def test_a_run_never_exits_0_when_a_reward_failed_past_the_limit(broken, pretrai
     report("reward failing on 75% of its completions, run shorter than the window", r, s, line)
 
 
+def test_an_environment_raising_on_every_trajectory_stops_the_run_naming_the_error(pretrained_model_dir, tmp_path):
+    """Issue 42 item 2: not 20 steps trained on zeros and exit 0 (rollout.max_env_error_rate)."""
+    out = tmp_path / "run"
+    r, s = train(*base_args(pretrained_model_dir, out), "--trainer.steps", "20",
+                 "--rollout.env", "grpo_dist.testing.envs:Raises", "--rollout.max_tokens", "4")
+    assert r.returncode == 1, r.stderr[-3000:]
+    line = error_line(r)
+    assert line == ("error: step 1: the environment ('grpo_dist.testing.envs:Raises') ended all 8 trajectories of the "
+                    "first step as env_error (rollout.max_env_error_rate 0.5); first error: Raises.step: "
+                    "ConnectionError: tool server down (404); nothing was trained: fix it and run again")
+    assert not (out / "checkpoints").exists() and not (out / "summary.json").exists()
+    report("environment raising on every trajectory", r, s, line)
+
+
 def test_a_reward_that_breaks_later_stops_with_a_checkpoint_and_a_changed_resume_is_refused(
         broken, pretrained_model_dir, tmp_path):
     out = tmp_path / "run"

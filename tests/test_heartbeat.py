@@ -254,7 +254,7 @@ def test_a_rank_failing_on_a_lost_peer_names_the_peer(ray_cluster):
     class Rank(Placed, Peer):
         pass
 
-    g = ActorGroup.create("learner", Rank, [(0,), (1,)], spec=ActorSpec(num_cpus=0.1), heartbeat=(0.5, 30.0))
+    g = ActorGroup.create("learner", Rank, [(0,), (1,)], spec=ActorSpec(num_cpus=0.1), heartbeat=(0.5, 6.0))
     try:
         pids = g.get(g.call("pid"), timeout=60)
         with pytest.raises(ClusterError, match=r"^learner worker 0 failed: RuntimeError: \[gloo") as e:
@@ -263,13 +263,140 @@ def test_a_rank_failing_on_a_lost_peer_names_the_peer(ray_cluster):
         # a node whose link is down: rank 1 neither answers nor is reported dead before rank 0 raises
         refs = g.call("step", 3.0)
         os.kill(pids[1], signal.SIGSTOP)
-        with pytest.raises(ClusterError, match=r"^learner worker 1: no heartbeat within 5 s "
-                                               r"\(learner worker 0 failed on it: RuntimeError: \[gloo") as e:
+        t0 = time.monotonic()
+        with pytest.raises(ClusterError, match=r"^learner worker 1: no heartbeat for \d+ s \(cluster\.heartbeat_"
+                                               r"timeout_s 6; learner worker 0 failed on it: RuntimeError: \[gloo") as e:
             g.get(refs)
         assert e.value.rank == 1 and e.value.hung
+        assert time.monotonic() - t0 >= 5.5  # silent for heartbeat_timeout_s, not for a fixed 5 s
         os.kill(pids[1], signal.SIGKILL)
     finally:
         g.kill()
+
+
+class Busy2:
+    """A rollout or reward actor: ``work`` raises on rank 0 (a bug), keeps rank 1 busy."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def work(self, fail_after: float) -> int:
+        time.sleep(fail_after if self.rank == 0 else 30)
+        if self.rank == 0:
+            raise ValueError("bad prompt")
+        return 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("role", ["rollout", "reward"])
+def test_a_busy_peer_of_a_raising_actor_is_not_replaced(ray_cluster, role):
+    """Issue 42 B2: rank 0 raises while rank 1 is alive but answers its heartbeat late (its process
+    paused 7 s: a loaded machine, a long call holding the GIL). Rank 1 is not called hung before
+    cluster.heartbeat_timeout_s, so rank 0's own error is reported and Recovery replaces nobody."""
+    import threading
+
+    import ray
+
+    from grpo_dist.cluster.actors import Placed
+    from grpo_dist.cluster.placement import ActorSpec
+    from grpo_dist.cluster.ray_utils import ActorGroup, ClusterError
+    from grpo_dist.cluster.recovery import Recovery
+    from grpo_dist.config import config_from_dict
+
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False)
+
+    class Rank(Placed, Busy2):
+        pass
+
+    g = ActorGroup.create(role, Rank, [(0,), (1,)], spec=ActorSpec(num_cpus=0.1), heartbeat=(0.5, 20.0))
+    try:
+        pids = g.get(g.call("pid"), timeout=60)
+        refs = g.call("work", 1.0)
+        os.kill(pids[1], signal.SIGSTOP)
+        resume = threading.Timer(7.0, _signal, (pids[1], signal.SIGCONT))
+        resume.start()
+        t0 = time.monotonic()
+        with pytest.raises(ClusterError, match=rf"^{role} worker 0 failed: ValueError: bad prompt$") as e:
+            g.get(refs)
+        assert 6.5 <= time.monotonic() - t0 < 19, time.monotonic() - t0  # waited for rank 1's answer
+        assert e.value.rank == 0 and not e.value.hung and not e.value.dead
+        rec = Recovery(config_from_dict({}), None)
+        with pytest.raises(ClusterError) as again:
+            rec.handle(e.value)
+        assert again.value is e.value and rec.restarts == 0
+        resume.join()
+    finally:
+        _signal(pids[1], signal.SIGCONT)
+        g.kill()
+
+
+class Stuck:
+    """A rollout worker whose engine call stops moving (its heartbeat thread still answers)."""
+
+    since = None
+
+    def work(self, seconds: float) -> int:
+        self.since = time.monotonic()
+        time.sleep(seconds)
+        self.since = None
+        return 1
+
+    def engine_stalled_s(self) -> float:
+        return 0.0 if self.since is None else time.monotonic() - self.since
+
+
+@pytest.mark.slow
+def test_an_engine_call_without_progress_is_hung_though_the_heartbeat_answers(ray_cluster):
+    """Issue 42 item 2: an engine stuck inside a call left the run silent (the actor busy, its
+    heartbeat answering); its ``stalled_s`` past cluster.heartbeat_timeout_s makes it hung (replaced)."""
+    import ray
+
+    from grpo_dist.cluster.actors import Placed
+    from grpo_dist.cluster.placement import ActorSpec
+    from grpo_dist.cluster.ray_utils import ActorGroup, ClusterError
+
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False)
+
+    from grpo_dist.cluster import ray_utils
+
+    class StuckActor(Placed, Stuck):
+        pass
+
+    g = ActorGroup.create("rollout", StuckActor, [()], spec=ActorSpec(num_cpus=0.1), heartbeat=(0.5, 3.0))
+    try:
+        assert g.get([g.actors[0].work.remote(0.1)], ranks=[0]) == [1]
+        t0 = time.monotonic()
+        with pytest.raises(ClusterError, match=r"^rollout worker 0: its engine call made no progress for \d+ s "
+                                               r"\(cluster\.heartbeat_timeout_s 3; the actor answers, the engine "
+                                               r"is stuck\)$") as e:
+            g.get([g.actors[0].work.remote(60.0)], ranks=[0], timeout=600)
+        assert e.value.hung and not e.value.dead and not e.value.interrupted and 3.0 <= time.monotonic() - t0 < 8
+        # after a stop request (the first Ctrl-C) the wait gives up after STOP_GRACE_S (10 s), not the timeout
+        g.replace(0)
+        g.heartbeat_timeout_s = 600.0
+        assert g.get([g.actors[0].work.remote(0.1)], ranks=[0], timeout=60) == [1]
+        ray_utils.request_stop()
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(ClusterError, match=r"^rollout worker 0: its engine call made no progress") as e:
+                g.get([g.actors[0].work.remote(60.0)], ranks=[0], timeout=600)
+            assert e.value.interrupted and 10.0 <= time.monotonic() - t0 < 16
+        finally:
+            ray_utils.request_stop(False)
+    finally:
+        g.kill()
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:  # gone already
+        pass
 
 
 def test_an_engine_start_killed_by_a_signal_is_told_from_one_that_failed_on_its_own():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -62,6 +63,7 @@ def test_an_answering_node_is_not_waited_on(cluster):
 def test_a_node_that_stopped_answering_is_waited_on_until_ray_marks_it_dead(cluster, caplog):
     import ray
 
+    from grpo_dist.cluster import ray_utils
     from grpo_dist.cluster.node_loss import await_lost_node
 
     a = ray.remote(num_cpus=0, resources={"far": 1})(Idle).remote()
@@ -70,6 +72,16 @@ def test_a_node_that_stopped_answering_is_waited_on_until_ray_marks_it_dead(clus
     raylet = cluster.far.all_processes["raylet"][0].process
     os.kill(raylet.pid, signal.SIGSTOP)  # its actor lives on, unreachable: a link down
     try:
+        # a stop request (the first Ctrl-C) while it waits: answered within a second (issue 42 B3)
+        stop = threading.Timer(0.2, ray_utils.request_stop)
+        stop.start()
+        t0 = time.monotonic()
+        try:
+            assert await_lost_node(a, "rollout worker 0", probe_s=3, wait_s=60) == "stopped"
+        finally:
+            stop.join()
+            ray_utils.request_stop(False)
+        assert time.monotonic() - t0 < 1.5
         t0 = time.monotonic()
         with caplog.at_level("WARNING", logger="grpo_dist.cluster"):
             verdict = await_lost_node(a, "rollout worker 0", probe_s=3, wait_s=60)

@@ -103,3 +103,26 @@ def test_a_replacement_that_raises_while_it_starts_stops_the_run():
     with pytest.raises(ClusterError, match="no room for the KV cache$"):
         rec.handle(ClusterError("rollout worker 0 died: RayActorError", "rollout", 0, dead=True))
     assert rec.restarts == 1
+
+
+def test_a_stop_request_ends_the_lost_node_wait_and_nothing_is_replaced():
+    """Issue 42 B3: after the first Ctrl-C the probe of a silent actor's node (up to 130 s) is not
+    entered, and the silent actor is not replaced: the run stops (``interrupted``). The same wait
+    answering a stop request mid-way on a lost node: tests/test_node_loss.py."""
+    import time
+    from types import SimpleNamespace
+
+    from grpo_dist.cluster import ray_utils
+    from grpo_dist.cluster.node_loss import await_lost_node
+
+    ray_utils.request_stop()
+    try:
+        t0 = time.monotonic()
+        assert await_lost_node(object(), "rollout worker 0") == "stopped"
+        rec = Recovery(config_from_dict({"cluster": {"max_restarts": 3}}),
+                       SimpleNamespace(rollout=SimpleNamespace(actors=[object()])))
+        with pytest.raises(ClusterError, match=r"^rollout worker 0: silent, and a stop was requested") as e:
+            rec.handle(ClusterError("rollout worker 0: no heartbeat for 60 s", "rollout", 0, hung=True))
+        assert e.value.interrupted and time.monotonic() - t0 < 1.0
+    finally:
+        ray_utils.request_stop(False)

@@ -15,7 +15,7 @@ import pytest
 from grpo_dist.config import ConfigError, load_config
 from grpo_dist.data import make_task
 from grpo_dist.rollout.user_fn import RolloutFnError, check_result
-from grpo_dist.rollout.worker import RolloutWorker
+from grpo_dist.testing.rollout import hf_worker
 
 HELPERS = Path(__file__).parent / "env_helpers.py"
 
@@ -63,11 +63,7 @@ def test_config_refuses_it_with_an_environment_or_a_missing_function(tiny_model_
 
 
 def _worker(model_dir, **rollout):
-    cfg = load_config(None, {"model": {"path": str(model_dir)}, "lora": {"enabled": False},
-                             "rollout": {"backend": "hf", "group_size": 2, "max_tokens": 4, **rollout}})
-    w = RolloutWorker(cfg)
-    w.setup()
-    return w
+    return hf_worker(model_dir, **rollout)
 
 
 def test_in_a_worker_the_rollouts_are_what_it_returned(pretrained_model_dir):

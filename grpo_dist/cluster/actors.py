@@ -29,10 +29,14 @@ class Placed:
     def heartbeat(self) -> dict:
         """Answered in its own thread while the actor's calls run: this process answers, and
         ``problems`` lists each engine process (``engine_pids``) stopped, exited or gone, as
-        ``(pid, name, state)``. The driver polls it while it waits (``ActorGroup.get``)."""
+        ``(pid, name, state)``; ``stalled_s``: how long the engine's call in flight has not moved
+        (a rollout worker's ``engine_stalled_s``; 0 otherwise). The driver polls it while it waits
+        (``ActorGroup.get``)."""
         from grpo_dist.util.proc_health import problems
 
-        return {"pid": os.getpid(), "problems": problems(self.engine_pids)}
+        stalled = getattr(self, "engine_stalled_s", None)
+        return {"pid": os.getpid(), "problems": problems(self.engine_pids),
+                "stalled_s": float(stalled()) if callable(stalled) else 0.0}
 
     @ray.method(concurrency_group=HEALTH_GROUP)
     def kill_engine(self) -> list[int]:

@@ -8,6 +8,8 @@ and the reward actor, one more than the default budget). So before a silent acto
 node is asked to run a zero-CPU task, and the replacement waits until the node answers (however
 late: a loaded node starts the task's worker slowly) or Ray marks it dead and moves its bundles
 (at most ``probe_s + wait_s``, then the replacement goes ahead). A warning says so after ``probe_s``.
+A stop request (the first Ctrl-C) ends the wait within a second: the run then stops instead of
+replacing the actor.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import logging
 import time
 from typing import Any, Optional
+
+from grpo_dist.cluster.ray_utils import stop_requested_at
 
 log = logging.getLogger("grpo_dist.cluster")
 PROBE_S = 10.0
@@ -54,7 +58,10 @@ def await_lost_node(actor: Any, what: str, probe_s: float = PROBE_S, wait_s: flo
     """Before replacing the silent ``actor`` (``what`` names it): ``"alive"`` once its node runs a
     zero-CPU task (the wait ends the moment it does, however late), ``"dead"`` once Ray has marked
     the node dead (at once, or while waiting; a warning after ``probe_s`` without an answer),
-    ``"unknown"`` if Ray cannot say where the actor ran, or after ``probe_s + wait_s``."""
+    ``"unknown"`` if Ray cannot say where the actor ran, or after ``probe_s + wait_s``;
+    ``"stopped"`` when a stop was requested (before or while it waits: answered within a second)."""
+    if stop_requested_at() is not None:
+        return "stopped"
     node = node_of(actor)
     if node is None:
         return "unknown"
@@ -67,7 +74,10 @@ def await_lost_node(actor: Any, what: str, probe_s: float = PROBE_S, wait_s: flo
     ref = task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
     start, warned = time.monotonic(), False
     while time.monotonic() < start + probe_s + wait_s:
-        ready, _ = ray.wait([ref], timeout=1.0)
+        ready, _ = ray.wait([ref], timeout=0.5)
+        if stop_requested_at() is not None:
+            _cancel(ref)
+            return "stopped"
         if ready:  # answered, however late (a loaded node starts the task's worker slowly): no more waiting
             try:
                 ray.get(ref)

@@ -42,7 +42,7 @@ class ClusterError(RuntimeError):
 
 
 POLL_S = 5.0  # longest single wait of ``ActorGroup.get``: a signal handler (Ctrl-C) runs between waits
-PEER_PROBE_S = 5.0  # after one rank raised: how long the others get to answer a heartbeat
+PEER_PROBE_S = 5.0  # after one rank raised: how long the others get to answer a heartbeat (no heartbeat_timeout_s)
 STOP_GRACE_S = 10.0  # after a stop request, a heartbeat silent this long stops the wait
 _stop_requested_at: list[Optional[float]] = [None]
 
@@ -53,6 +53,12 @@ def request_stop(on: bool = True) -> None:
     with a ClusterError marked ``interrupted`` (the run then stops without replacing it).
     ``on=False`` clears it."""
     _stop_requested_at[0] = time.monotonic() if on else None
+
+
+def stop_requested_at() -> Optional[float]:
+    """When a stop was requested (``time.monotonic()``), or None: the waits that may outlast
+    POLL_S (``node_loss``, the weight group's drain) give up on it."""
+    return _stop_requested_at[0]
 
 
 def init_ray(cfg: Config) -> dict[str, Any]:
@@ -203,7 +209,7 @@ class ActorGroup:
                 cause = e.cause if getattr(e, "cause", None) is not None else e
                 if beats is not None and rank is not None:
                     beats.after_error(rank, cause)  # raised because its engine process died: dead, not a bug
-                    self._peer_down(rank, refs, ranks, cause)  # raised because a peer of its collective is gone
+                    self._peer_down(rank, refs, ranks, cause, beats)  # raised because a peer of its collective is gone
                 raise ClusterError(f"{self.role} worker {_name(rank)} failed: {cause.__class__.__name__}: {cause}",
                                    self.role, rank) from e
             except RayError as e:  # e.g. an argument's object lost with its node: not this actor's fault
@@ -212,27 +218,46 @@ class ActorGroup:
                                    f"{str(e).splitlines()[0] if str(e) else ''}", self.role, rank) from e
         return ray.get(list(refs))
 
-    def _peer_down(self, rank: int, refs: list[Any], ranks: Optional[Sequence[int]], cause: BaseException) -> None:
-        """``rank`` raised: if another actor this wait covers is dead or silent, raise that instead
-        (ranks of a process group lose a peer with its node, and the survivors raise first with a
-        connection error naming only an address)."""
+    def _peer_down(self, rank: int, refs: list[Any], ranks: Optional[Sequence[int]], cause: BaseException,
+                   beats: "_Heartbeats") -> None:
+        """``rank`` raised: if another actor this wait covers is dead, its engine process gone, or
+        silent past ``heartbeat_timeout_s``, raise that instead (ranks of a process group lose a
+        peer with its node, and the survivors raise first with a connection error naming only an
+        address). A peer that is busy but alive answers its heartbeat, however late within that
+        bound, and is left alone, whatever its role: it is not replaced. Silence counts from the
+        peer's oldest unanswered heartbeat; an actor still starting is not asked. After a stop
+        request (Ctrl-C) a peer silent for STOP_GRACE_S stops the wait, as in ``_Heartbeats.check``."""
         others = sorted({k for k in _ranks_of(refs, self.actors, ranks) if k is not None and k != rank}
                         & set(range(len(self.actors))))
-        if not others:
-            return
-        beats = {k: self.actors[k].heartbeat.remote() for k in others}
-        done, _ = ray.wait(list(beats.values()), num_returns=len(beats), timeout=PEER_PROBE_S)
-        done_ids = {r.hex() for r in done}
         failed = f"{self.role} worker {rank} failed on it: {cause.__class__.__name__}: {(str(cause).splitlines() or [''])[0][:200]}"
-        for k, ref in beats.items():
-            if ref.hex() not in done_ids:
-                raise ClusterError(f"{self.role} worker {k}: no heartbeat within {PEER_PROBE_S:g} s ({failed})",
-                                   self.role, k, hung=True)
-            try:
-                ray.get(ref)
-            except RayError as e:
-                raise ClusterError(f"{self.role} worker {k} died: {e.__class__.__name__} ({failed})", self.role, k,
-                                   dead=True) from e
+        limit = self.heartbeat_timeout_s or PEER_PROBE_S
+        now = time.monotonic()
+        probes = {}  # rank -> (heartbeat ref, silent since)
+        for k in others:
+            if any(a is self.actors[k] for a in self.beating):
+                ref, since = beats.sent.get(k, (None, now))
+                probes[k] = (ref if ref is not None else self.actors[k].heartbeat.remote(), since)
+        while probes:
+            done, _ = ray.wait([r for r, _ in probes.values()], num_returns=len(probes), timeout=min(1.0, POLL_S))
+            done_ids = {r.hex() for r in done}
+            for k, (ref, _) in list(probes.items()):
+                if ref.hex() in done_ids:
+                    del probes[k]
+                    beats.sent.pop(k, None)
+                    try:
+                        beats._read(k, ref)  # dead, or an engine process gone: that is the news
+                    except ClusterError as e:
+                        raise ClusterError(f"{e} ({failed})", e.role, e.rank, dead=e.dead, hung=e.hung,
+                                           interrupted=e.interrupted) from e
+            now, stop_at = time.monotonic(), _stop_requested_at[0]
+            for k, (_, since) in probes.items():
+                silent = now - since
+                if stop_at is not None and now - max(since, stop_at) >= STOP_GRACE_S:
+                    raise ClusterError(f"{self.role} worker {k}: no heartbeat for {silent:.0f} s ({failed})",
+                                       self.role, k, hung=True, interrupted=True)
+                if silent >= limit:
+                    raise ClusterError(f"{self.role} worker {k}: no heartbeat for {silent:.0f} s "
+                                       f"(cluster.heartbeat_timeout_s {limit:g}; {failed})", self.role, k, hung=True)
 
     def kill(self) -> None:
         for a in self.actors:
@@ -298,6 +323,14 @@ class _Heartbeats:
             stopped = all(state == "stopped" for _, _, state in beat["problems"])
             raise ClusterError(f"{g.role} worker {rank}: engine process {what}", g.role, rank, dead=not stopped,
                                hung=stopped, interrupted=_stop_requested_at[0] is not None)
+        stalled, stop_at = float(beat.get("stalled_s") or 0.0), _stop_requested_at[0]
+        if stop_at is not None and stalled >= STOP_GRACE_S:  # after a stop request: as a silent heartbeat
+            raise ClusterError(f"{g.role} worker {rank}: its engine call made no progress for {stalled:.0f} s (the "
+                               f"engine is stuck)", g.role, rank, hung=True, interrupted=True)
+        if g.heartbeat_timeout_s and stalled >= g.heartbeat_timeout_s:  # alive, but its engine does not move
+            raise ClusterError(f"{g.role} worker {rank}: its engine call made no progress for {stalled:.0f} s "
+                               f"(cluster.heartbeat_timeout_s {g.heartbeat_timeout_s:g}; the actor answers, the engine "
+                               f"is stuck)", g.role, rank, hung=True)
 
     def after_error(self, rank: int, cause: BaseException) -> None:
         """A call of ``rank`` raised: if its engine process is gone or stopped (or vLLM says its
@@ -305,8 +338,12 @@ class _Heartbeats:
         g = self.group
         if cause.__class__.__name__ in ("EngineDeadError", "EngineProcessLost"):
             raise ClusterError(f"{g.role} worker {rank}: engine dead: {cause}", g.role, rank, dead=True)
+        ref, deadline = g.actors[rank].heartbeat.remote(), time.monotonic() + 10
+        while not ray.wait([ref], timeout=1.0)[0]:  # a stop request (Ctrl-C) is answered within a second
+            if time.monotonic() >= deadline or _stop_requested_at[0] is not None:
+                return
         try:
-            beat = ray.get(g.actors[rank].heartbeat.remote(), timeout=10)
+            beat = ray.get(ref)
         except Exception:
             return
         if beat.get("problems"):

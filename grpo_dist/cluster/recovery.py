@@ -80,8 +80,9 @@ class Recovery:
         marked the node dead (``node_loss``: else the replacement could land on a lost node)."""
         w, timeout = self.workers, self.cfg.cluster.actor_start_timeout_s
         group = w.rollout if role == "rollout" else w.reward
-        if silent:
-            await_lost_node(group.actors[rank], f"{role} worker {rank}")
+        if silent and await_lost_node(group.actors[rank], f"{role} worker {rank}") == "stopped":
+            raise ClusterError(f"{role} worker {rank}: silent, and a stop was requested while its node was probed; "
+                               f"not replaced", role, rank, hung=True, interrupted=True)
         actor = group.replace(rank)
         if role == "reward":
             group.get([actor.names.remote()], timeout=timeout, ranks=[rank])

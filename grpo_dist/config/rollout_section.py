@@ -84,6 +84,12 @@ class RolloutConfig(Section):
                                             "model reads an error as the result (counted as tool_timeouts).")
     trajectory_timeout_s: Optional[float] = Field(None, gt=0, description="Wall-clock limit of one trajectory "
                                                   "(generation and environment); past it stop_reason timeout.")
+    max_env_error_rate: float = Field(0.5, ge=0, le=1, description="Stop the run (checkpoint first) when more than "
+                                      "this fraction of trajectories ended as env_error (the environment, agent or "
+                                      "rollout function raised) over the last reward.failure_window steps, at once "
+                                      "when all of the first step did, and fail a finished run past it (as "
+                                      "reward.max_failure_rate does for rewards); the line names the first error. "
+                                      "1 = never.")
     max_parallel_calls: int = Field(1, gt=0, description="Tool calls run per turn at most (more get an error "
                                     "result). 1: generation also stops after a call (the parser's stop strings).")
     tool_parser: str = Field("hermes", description="Tool-call format the tool environments parse (grpo_dist/envs/"

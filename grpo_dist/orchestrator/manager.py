@@ -14,6 +14,7 @@ from typing import Any
 from grpo_dist.batch import zero_spread
 from grpo_dist.config import Config
 from grpo_dist.data import PromptStream
+from grpo_dist.orchestrator.env_errors import EnvErrorWatch
 from grpo_dist.reward.failures import FailureWatch
 from grpo_dist.orchestrator.pipeline import RolloutPipeline, Scored
 from grpo_dist.orchestrator.stream import StreamPipeline
@@ -32,11 +33,13 @@ class RolloutManager:
             self.pipeline = RolloutPipeline(rollout, reward, recovery, r.generate_timeout_s,
                                             chunk=cfg.trainer.dispatch_chunk)
         self.watch = FailureWatch(cfg.reward)  # stops a run whose reward function keeps failing
+        self.env_watch = EnvErrorWatch(r, cfg.reward.failure_window)  # ... or whose environment / agent keeps raising
 
     def scored_batch(self, step: int, timer) -> tuple[list, RewardResult, dict[str, float]]:
         """Step ``step``'s groups and scores: the batch generated ahead for it, or generated now.
         With dynamic sampling, zero-spread groups are dropped and refilled (bounded rounds).
-        Raises RewardFailureError for a reward function that keeps failing (reward/failures.py)."""
+        Raises RewardFailureError for a reward function that keeps failing (reward/failures.py), and
+        its subclass EnvErrorRateError for an environment or agent that keeps raising (env_errors.py)."""
         cfg, G = self.cfg, self.cfg.rollout.group_size
         want = cfg.rollout.prompts_per_step
         kept, totals, per_fn, errors, m = [], [], {}, {}, {}
@@ -53,6 +56,7 @@ class RolloutManager:
             with timer("score"):  # streaming: each group was scored as it finished (collected with it)
                 got: Scored = self.pipeline.score(pending, groups)
             m.update(got.metrics)
+            self.env_watch.observe(got.groups)
             scores = got.scores
             seen += len(got.groups)
             for k, v in scores.errors.items():
@@ -71,6 +75,7 @@ class RolloutManager:
                 break
             rounds += 1
         m.update({"rollout/sampling_rounds": float(rounds), "rollout/pass_rate": len(kept) / max(1, seen)})
+        m.update(self.env_watch.end_step())  # first: an environment that raises fails its rewards too
         m.update(self.watch.end_step())
         return kept, RewardResult(total=totals, per_function=per_fn, errors=errors), m
 

@@ -33,6 +33,8 @@ class RewardFailureError(RuntimeError):
     ``traceback`` ('' when none was sent); ``first_step`` (it failed on the whole first step);
     ``rate`` over ``scored`` completions of the last ``window`` steps (0 = the whole run)."""
 
+    subject = "the function"  # what the user is told to fix
+
     def __init__(self, message: str, fn: str, reason: str, traceback: str, *, first_step: bool = False,
                  rate: float = 1.0, scored: int = 0, window: int = 0):
         super().__init__(message)

@@ -20,7 +20,9 @@ The requests of all live trajectories of a worker call are batched into engine c
 ``rollout.rollout_fn``'s are (one engine call once every running agent waits on one). An agent
 past ``rollout.trajectory_timeout_s`` is cut (stop_reason ``timeout``; its endpoint answers 410
 from then on); one that raises ends its trajectory as ``env_error`` with a warning, and the
-run goes on. Stop reasons otherwise: ``done``, or the limit that cut the last call (``length``,
+run goes on (past ``rollout.max_env_error_rate`` it stops). An engine call that raised is not an
+agent's error: the agents waiting on it get a 500, and the worker's call fails with the
+engine's error (the driver replaces a dead engine, or stops with one line). Stop reasons otherwise: ``done``, or the limit that cut the last call (``length``,
 ``budget``, ``context``, ``max_turns``).
 """
 
@@ -36,7 +38,7 @@ from grpo_dist.envs.base import acall, run
 from grpo_dist.rollout.agent_segments import AgentTrajectory, Segment
 from grpo_dist.rollout.agent_server import AgentServer, AgentSession
 from grpo_dist.rollout.base import Generator, SamplingSpec
-from grpo_dist.rollout.trajectory import encoder_for, make_rollout, warn_once
+from grpo_dist.rollout.trajectory import encoder_for, error_line, make_rollout, warn_once
 from grpo_dist.rollout.user_fn import _Batcher
 from grpo_dist.types import Rollout, RolloutGroup, StopReason
 from grpo_dist.util.plugins import load_function
@@ -83,7 +85,7 @@ class AgentRollouts:
                                    max_model_len, budget, r.max_turns, r.tool_parser, self.server.model,
                                    r.agent_tools_prompt)
             key, url = self.server.open(session)
-            reward, stop, raised = None, None, None
+            reward, stop, raised, error = None, None, None, None
             try:
                 out = await asyncio.wait_for(acall(self.fn, url, dict(rec.as_example()), **self.kwargs),
                                              r.trajectory_timeout_s)
@@ -94,21 +96,20 @@ class AgentRollouts:
                     reward = None if out is None else float(out)
             except asyncio.TimeoutError:
                 stop = StopReason.TIMEOUT
-            except Exception:  # noqa: BLE001 - the trajectory ends as env_error, the run goes on
-                stop, raised = StopReason.ENV_ERROR, traceback.format_exc()
+            except Exception as e:  # noqa: BLE001 - the trajectory ends as env_error, the run goes on
+                stop, raised, error = StopReason.ENV_ERROR, traceback.format_exc(), error_line(e, "agent")
             finally:
                 self.server.close(key)
                 batcher.finished()
             if raised is not None:  # once closed: a base_url in the traceback no longer opens anything
                 warn_once("agent_error", f"rollout.agent {self.spec!r} raised on record {rec.id}: {raised}")
             stop = stop or session.cut or StopReason.DONE
-            return to_rollout(tok, rec, prompt_ids[i], traj, session.calls, stop, reward, version)
+            out = to_rollout(tok, rec, prompt_ids[i], traj, session.calls, stop, reward, version)
+            out.error = error
+            return out
 
-        driver = asyncio.ensure_future(batcher.drive())
-        try:
-            flat = await asyncio.gather(*(one(i, j) for i in range(len(records)) for j in range(spec.n)))
-        finally:
-            driver.cancel()
+        # an engine call that raised fails the whole call with its error (the agents got a 500 and end)
+        flat = await batcher.gather([one(i, j) for i in range(len(records)) for j in range(spec.n)], grace=5.0)
         return [RolloutGroup(prompt_id=rec.id, rollouts=list(flat[i * spec.n:(i + 1) * spec.n]))
                 for i, rec in enumerate(records)]
 

@@ -9,7 +9,10 @@ LoRA adapter directory (version >= 1), or reloads full weights (``lora.enabled: 
 from __future__ import annotations
 
 import abc
+import contextlib
+import time
 from dataclasses import dataclass, field
+from typing import Iterator
 
 
 @dataclass
@@ -35,8 +38,49 @@ class Sample:
     finish_reason: str  # "stop" | "length" | "abort" (the engine aborted the request)
 
 
+class EngineProgress:
+    """Whether an engine's calls make progress: engine calls in flight, and when the engine last
+    moved (a call began or ended, a step of the engine finished: ``tick``). The rollout worker's
+    heartbeat reports :meth:`stalled_s`, and the driver counts a call stalled past
+    ``cluster.heartbeat_timeout_s`` as hung, whatever the heartbeat itself says (an engine stuck
+    inside a call while its process answers). An engine that never ticked inside a call (one
+    that cannot say it moves) is never reported stalled. Read from the heartbeat's thread: plain
+    floats."""
+
+    def __init__(self) -> None:
+        self.calls, self.last, self.moves = 0, time.monotonic(), False
+
+    def tick(self) -> None:
+        self.last = time.monotonic()
+        self.moves = self.moves or self.calls > 0
+
+    def stalled_s(self) -> float:
+        """Seconds since the engine last moved while a call is in flight (0 when idle)."""
+        return time.monotonic() - self.last if self.calls > 0 and self.moves else 0.0
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[None]:
+        self.calls += 1
+        self.last = time.monotonic()
+        try:
+            yield
+        finally:
+            self.calls -= 1
+            self.last = time.monotonic()
+
+
+def progress_of(engine: "Generator") -> EngineProgress:
+    """The engine's :class:`EngineProgress` (made on first use)."""
+    p = engine.__dict__.get("progress")
+    if p is None:
+        p = engine.__dict__["progress"] = EngineProgress()
+    return p
+
+
 class Generator(abc.ABC):
-    """One inference engine. Not thread-safe; one per rollout actor."""
+    """One inference engine. Not thread-safe; one per rollout actor. Engines that can say so tick
+    ``progress_of(self)`` after each step of a call (vLLM's engine step, a transformers decode
+    step); callers wrap each call in ``progress_of(engine).call()``."""
 
     @abc.abstractmethod
     def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec,
@@ -84,7 +128,8 @@ def generate_each(engine: Generator, prompt_ids: list[list[int]], specs: list[Sa
     for idx in calls.values():
         spec = specs[idx[0]]
         call_seeds = None if any(seeds[i] is None for i in idx) else [[seeds[i]] for i in idx]
-        samples = engine.generate([prompt_ids[i] for i in idx], spec, seeds=call_seeds)
+        with progress_of(engine).call():
+            samples = engine.generate([prompt_ids[i] for i in idx], spec, seeds=call_seeds)
         for i, (s,) in zip(idx, samples):
             out[i] = s
     return out  # type: ignore[return-value]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from grpo_dist.rollout.base import Generator, Sample, SamplingSpec
+from grpo_dist.rollout.base import Generator, Sample, SamplingSpec, progress_of
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -88,6 +88,7 @@ class HFGenerator(Generator):
         kw = {"logits_to_keep": 1} if self._logits_to_keep else {}
         res = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
                          use_cache=True, **kw)
+        progress_of(self).tick()  # one decode step: the call moves
         return res.logits[:, -1].float(), res.past_key_values
 
     def _decode(self, prompts: list[list[int]], n: int, spec: SamplingSpec,

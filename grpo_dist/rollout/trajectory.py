@@ -45,6 +45,7 @@ class Trajectory:
     tools: list[dict[str, Any]] | None = None  # schemas the opening passed through the template's tools=
     transcript: list[dict[str, Any]] = field(default_factory=list)  # the turns after the prompt as text (W&B table)
     versions: list[int] = field(default_factory=list)  # the weight version each turn was sampled with
+    error: str | None = None  # env_error: what the environment raised, one line
 
     def add(self, ids: list[int], logprobs: list[float] | None) -> None:
         self.ids += ids
@@ -123,7 +124,8 @@ def open_trajectory(tok: Any, record: Any, prompt_ids: list[int], seed: int | No
     """A trajectory from its environment's opening (None: the record's prompt ids; an exception:
     already ended as env_error)."""
     if isinstance(opening, BaseException):
-        return Trajectory(record, list(prompt_ids), seed, env, None, stop_reason=StopReason.ENV_ERROR)
+        return Trajectory(record, list(prompt_ids), seed, env, None, stop_reason=StopReason.ENV_ERROR,
+                          error=error_line(opening, f"{type(env).__name__}.reset"))
     if opening is None:
         return Trajectory(record, list(prompt_ids), seed, env, None)
     schemas, parser = getattr(env, "tools", None), getattr(env, "parser", None)
@@ -170,8 +172,9 @@ async def step(t: Trajectory, text: str, lim: EnvLimits) -> Any:
         return await asyncio.wait_for(acall(t.env.step, text), left)
     except asyncio.TimeoutError:
         return StopReason.TIMEOUT
-    except Exception:  # noqa: BLE001 - the trajectory ends as env_error, the run goes on
+    except Exception as e:  # noqa: BLE001 - the trajectory ends as env_error, the run goes on
         warn_once("step", f"environment {type(t.env).__name__}.step raised: {traceback.format_exc()}")
+        t.error = error_line(e, f"{type(t.env).__name__}.step")
         return StopReason.ENV_ERROR
 
 
@@ -207,8 +210,10 @@ def to_rollout(tok: Any, t: Trajectory, version: int, check: bool) -> Rollout:
     if check:
         t.sanity_diff = sanity(tok, t)
     extra = {"env_sanity_diff": t.sanity_diff} if t.sanity_diff is not None else {}
-    return make_rollout(tok, t.record, t.prompt_ids, t.ids, t.logprobs, t.mask, t.stop_reason, t.turns, t.reward,
-                        t.counters, t.transcript, version, list(t.versions), extra)
+    out = make_rollout(tok, t.record, t.prompt_ids, t.ids, t.logprobs, t.mask, t.stop_reason, t.turns, t.reward,
+                       t.counters, t.transcript, version, list(t.versions), extra)
+    out.error = t.error
+    return out
 
 
 def make_rollout(tok: Any, rec: Any, prompt_ids: list[int], ids: list[int], logprobs: list[float], mask: list[int],
@@ -262,6 +267,11 @@ def sanity(tok: Any, t: Trajectory) -> int:
 def said(tok: Any, ids: list[int]) -> str:
     eos = getattr(tok, "eos_token_id", None)
     return tok.decode(ids[:-1] if ids and ids[-1] == eos else ids)
+
+
+def error_line(e: BaseException, where: str) -> str:
+    """``where: Type: message`` of an environment's or agent's exception, its first line, at most 300 characters."""
+    return f"{where}: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"[:300]
 
 
 def warn_once(key: str, msg: str) -> None:

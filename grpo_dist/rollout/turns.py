@@ -20,7 +20,8 @@ that ended by itself; else it is cut by a limit (``truncated``, ``finish_reason`
 * ``context``: the next turn would not fit in ``model.max_model_len``;
 * ``timeout``: ``rollout.trajectory_timeout_s`` of wall clock passed (checked before each turn
   and bounding each ``step``);
-* ``env_error``: the environment's ``reset``/``step`` raised (logged with its traceback once);
+* ``env_error``: the environment's ``reset``/``step`` raised (logged with its traceback once; the
+  Rollout's ``error`` names it; past ``rollout.max_env_error_rate`` the run stops);
 * ``abort``: the engine aborted the turn's request.
 
 (``grpo_dist.types.StopReason`` lists them.)

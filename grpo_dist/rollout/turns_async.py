@@ -6,7 +6,9 @@ Each trajectory advances on its own: a turn is one engine request
 ``step``, then the next request. The engine batches whatever requests are in flight, so a
 trajectory waiting on a tool (or a long one) holds back no other. Ids, masks, limits, stop
 reasons and columns are those of the lock-step loop (grpo_dist/rollout/trajectory.py): with the
-same seeds, the same tokens. ``trajectory_timeout_s`` also bounds a turn's generation here.
+same seeds, the same tokens. ``trajectory_timeout_s`` also bounds a turn's generation here. An
+engine request that raised fails the group with its error, and the group's other trajectories
+are cancelled (none is left waiting on a broken engine).
 
 A trajectory keeps the version each turn ran with (``Rollout.weight_versions``: weights may change
 between turns; each token's behaviour log-prob is that of the version that sampled it); its
@@ -31,8 +33,14 @@ async def run_group_async(engine: Any, record: Any, prompt_ids: list[int], spec:
                           min_version: int = 0) -> RolloutGroup:
     """``spec.n`` trajectories of ``record`` (``seeds[j]``: trajectory j's), concurrently."""
     tok = engine.tokenizer
-    done = await asyncio.gather(*(run_trajectory(engine, record, prompt_ids, spec, None if seeds is None else seeds[j],
-                                                 source, max_model_len, min_version) for j in range(spec.n)))
+    tasks = [asyncio.ensure_future(run_trajectory(engine, record, prompt_ids, spec, None if seeds is None else seeds[j],
+                                                  source, max_model_len, min_version)) for j in range(spec.n)]
+    try:
+        done = await asyncio.gather(*tasks)
+    except BaseException:  # an engine request raised: the group fails with it, its other trajectories end now
+        for t in tasks:
+            t.cancel()
+        raise
     return RolloutGroup(prompt_id=record.id, rollouts=[to_rollout(tok, t, v, source.limits.sanity) for t, v in done])
 
 

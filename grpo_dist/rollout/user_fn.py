@@ -11,7 +11,8 @@ it is called once per trajectory (``rollout.group_size`` times per dataset row) 
   ``tokenizer``, ``prompt_ids`` (the row's prompt as the pipeline tokenized it), ``sampling`` (the
   run's :class:`SamplingSpec`), ``max_model_len``. Call k of a trajectory samples with a seed
   derived from the trajectory's (the first with the trajectory's own), so runs repeat. Calls of
-  all trajectories are batched: one engine call once every running function waits on one;
+  all trajectories are batched: one engine call once every running function waits on one (an
+  engine call that raised fails the worker's call with that error, whatever the functions do with it);
 * ``row``: the dataset row, ``{"prompt": ..., **columns}``.
 
 It returns a dict: ``completion_ids`` (every token after the prompt), ``loss_mask`` (1 = trained,
@@ -63,12 +64,14 @@ def load_rollout_fn(spec: str) -> Callable[..., Any]:
 class _Batcher:
     """Collects the generate calls of every running trajectory; once each running one waits on a
     call, runs them as engine calls (one per distinct sampling) in a thread. Lives on the
-    environments' event loop (``grpo_dist.envs.base.env_loop``)."""
+    environments' event loop (``grpo_dist.envs.base.env_loop``). An engine call that raised
+    stops it (``failed``): the engine is not called again, and :meth:`gather` raises that error."""
 
     def __init__(self, engine: Generator, live: int):
         self.engine, self.live, self.pending = engine, live, []
         self.wake = asyncio.Event()
         self.closed: BaseException | None = None
+        self.failed: BaseException | None = None  # the engine's error: the worker call fails with it
 
     def close(self, why: BaseException) -> None:
         """No more engine calls: every waiting call and every later one raises ``why`` (so the
@@ -92,21 +95,51 @@ class _Batcher:
         self.wake.set()
 
     async def drive(self) -> None:
-        while self.live > 0:
+        while self.live > 0 and self.closed is None:
             await self.wake.wait()
             self.wake.clear()
             if self.pending and len(self.pending) >= self.live:
                 batch, self.pending = self.pending, []
                 try:
                     outs = await asyncio.to_thread(self._generate, batch)
-                except BaseException as e:  # noqa: BLE001 - every waiting function gets the engine's error
-                    for *_, fut in batch:
-                        if not fut.done():
-                            fut.set_exception(e)
-                    continue
+                except Exception as e:  # noqa: BLE001 - the engine is suspect: no more calls, the worker call fails
+                    self.failed = e
+                    self.pending = batch + self.pending
+                    self.close(e)  # every waiting function gets the engine's error, and every later call
+                    return
                 for (*_, fut), out in zip(batch, outs):
                     if not fut.done():
                         fut.set_result(out)
+
+    async def gather(self, coros: list, grace: float = 30.0) -> list:
+        """Run the trajectories ``coros``, their engine calls driven here; their results in order.
+        The first error ends them all: the engine's (an engine call raised) or a trajectory's own
+        (a rollout function raised). Every engine call waiting or made after it raises, so the
+        trajectories end; those still running after ``grace`` s are cancelled (a plain function's
+        thread is abandoned). Then that error is raised: the engine's with its own type (vLLM's
+        ``EngineDeadError`` means a dead engine, which the driver replaces)."""
+        tasks = [asyncio.ensure_future(c) for c in coros]
+        driver = asyncio.ensure_future(self.drive())
+        everything = asyncio.gather(*tasks)
+        try:
+            await asyncio.wait([everything, driver], return_when=asyncio.FIRST_COMPLETED)
+            if self.failed is None and (not everything.done() or everything.exception() is None):
+                return list(await everything)
+            first = self.failed or everything.exception()
+            if self.closed is None:  # a trajectory raised: its siblings' engine calls fail from now on
+                self.close(RuntimeError(f"a sibling trajectory failed ({type(first).__name__})"))
+            await asyncio.wait(tasks, timeout=grace)  # bounded: a function that swallows the error is abandoned
+            raise first
+        finally:
+            driver.cancel()
+            for t in tasks:
+                t.cancel()
+                if t.done() and not t.cancelled():
+                    t.exception()  # retrieved: no "never retrieved" warnings
+            if not everything.done():
+                everything.cancel()
+            elif not everything.cancelled():
+                everything.exception()
 
     def _generate(self, batch: list) -> list[Generation]:
         samples = generate_each(self.engine, [ids for ids, *_ in batch], [s for _, s, *_ in batch],
@@ -189,20 +222,8 @@ class UserRollouts:
                 batcher.finished()
             return to_rollout(self.spec, rec, pids, out, client.calls, version, engine.tokenizer, max_model_len)
 
-        driver = asyncio.ensure_future(batcher.drive())
-        tasks = [asyncio.ensure_future(one(i, j)) for i in range(len(records)) for j in range(spec.n)]
-        try:
-            flat = await asyncio.gather(*tasks)
-        except BaseException as e:
-            # one function failed: the others' engine calls fail too, so they (and their threads) end
-            batcher.close(RuntimeError(f"rollout.rollout_fn: a sibling trajectory failed ({type(e).__name__})"))
-            done, _ = await asyncio.wait(tasks, timeout=30)  # bounded: a function that swallows the error is abandoned
-            for t in done:
-                if not t.cancelled():
-                    t.exception()  # retrieved: no "never retrieved" warnings
-            raise
-        finally:
-            driver.cancel()
+        # one function failed, or the engine: the others' engine calls fail too, so they (and their threads) end
+        flat = await batcher.gather([one(i, j) for i in range(len(records)) for j in range(spec.n)])
         return [RolloutGroup(prompt_id=rec.id, rollouts=list(flat[i * spec.n:(i + 1) * spec.n]))
                 for i, rec in enumerate(records)]
 

@@ -14,7 +14,7 @@ import logging
 import os
 
 from grpo_dist.rollout import vllm_compat
-from grpo_dist.rollout.base import Generator, Sample, SamplingSpec
+from grpo_dist.rollout.base import Generator, Sample, SamplingSpec, progress_of
 
 log = logging.getLogger("grpo_dist.rollout")
 
@@ -185,6 +185,20 @@ def in_process_llm(kwargs: dict):
         vllm_envs.disable_envs_cache()
 
 
+def _tick_each_step(llm, progress) -> None:
+    """``LLM.generate`` loops on ``llm_engine.step()``: each step that returns ticks ``progress``
+    (an instance attribute over the method; the engine's calls otherwise stay opaque until they return)."""
+    engine = llm.llm_engine
+    step = engine.step
+
+    def stepped(*args, **kwargs):
+        out = step(*args, **kwargs)
+        progress.tick()
+        return out
+
+    engine.step = stepped
+
+
 class VLLMGenerator(Generator):
     def __init__(self, model_path: str, *, enable_lora: bool = True, in_process: bool = False, **kw):
         """``in_process``: the engine core runs in this process (:func:`in_process_llm`), else in
@@ -197,6 +211,7 @@ class VLLMGenerator(Generator):
         # the engine's worker is in this process and has grpo_load_state: a state is passed by reference
         self.loads_in_memory = in_process and kwargs.get("worker_extension_cls") == LOAD_EXTENSION
         self.tokenizer = self.llm.get_tokenizer()
+        _tick_each_step(self.llm, progress_of(self))
         self._lora = None  # the LoRARequest being served
         self.enable_lora = enable_lora
 

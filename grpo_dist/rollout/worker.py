@@ -13,7 +13,7 @@ from typing import Any
 from grpo_dist.config import Config
 from grpo_dist.devices import BIND_ENV, adapter_mode, engine_cpus, engine_dtype, sleeps_while_learning, torch_threads
 from grpo_dist.rollout.agent import AgentRollouts
-from grpo_dist.rollout.base import Generator, SamplingSpec
+from grpo_dist.rollout.base import Generator, SamplingSpec, progress_of
 from grpo_dist.envs.registry import EnvSource
 from grpo_dist.rollout.seeds import SeedKey, sample_seeds
 from grpo_dist.rollout.turns import run_trajectories
@@ -145,7 +145,8 @@ class RolloutWorker(WeightGroupMember):
         if self.envs is not None:  # a multi-turn environment: trajectories, token in, token out
             return run_trajectories(self.engine, prompts, ids, spec, seeds, self.envs, self.cfg.model.max_model_len,
                                     self.version)
-        samples = self.engine.generate(ids, spec, seeds=seeds)
+        with progress_of(self.engine).call():
+            samples = self.engine.generate(ids, spec, seeds=seeds)
         return [self._group(rec, pids, outs, self.version) for rec, pids, outs in zip(prompts, ids, samples)]
 
     def _prepare(self, prompts, n, temperature, seed, keys):
@@ -247,6 +248,11 @@ class RolloutWorker(WeightGroupMember):
                 self.engine.load_full_weights(str(self.store.write(merged)))
         self.version = version
         return {"version": version}
+
+    def engine_stalled_s(self) -> float:
+        """Seconds the engine's call in flight has not moved (0: none in flight); the heartbeat
+        reports it (``cluster.actors.Placed.heartbeat``)."""
+        return progress_of(self.engine).stalled_s() if self.engine is not None else 0.0
 
     def health(self) -> dict[str, Any]:
         return {"rank": self.rank, "version": self.version, "ready": self.ready()}

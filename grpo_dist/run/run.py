@@ -138,11 +138,12 @@ class Run:
         except RewardFailureError as e:
             if e.first_step and self.step == 0:  # broken from the first batch: nothing to keep
                 tail = f"\n{e.details()}" if e.traceback else ""
-                raise TrainingError(f"step 1: {e}; nothing was trained: fix the function and run again{tail}") from None
+                raise TrainingError(f"step 1: {e}; nothing was trained: fix {e.subject} and run again{tail}") from None
             path = self.save(self._resume_point)
+            details = e.details()
             raise TrainingError(f"step {self.step + 1}: {e}; stopped with a checkpoint of step {self.step} in "
-                                f"{path}; fix the function, then resume with: {resume_command(self.cfg)}\n"
-                                f"{e.details()}") from None
+                                f"{path}; fix {e.subject}, then resume with: {resume_command(self.cfg)}"
+                                f"{chr(10) + details if details else ''}") from None
         except ClusterError as e:
             if e.interrupted and self.stop_requested:  # Ctrl-C while an actor hangs: stop now, keep the last step
                 self.interrupted(settle=False, why=str(e))
@@ -237,10 +238,13 @@ class Run:
         self.monitor.summary({**{k: v for k, v in summary.items() if not isinstance(v, dict)}, **sets,
                               **{f"hosts/{role}": " ".join(ips) for role, ips in hosts.items()}})
         try:  # no run succeeds in which a reward function failed past reward.max_failure_rate
+            self.rollouts.env_watch.check_run()  # ... or its environment / agent raised past rollout.max_env_error_rate
             watch.check_run()
         except RewardFailureError as e:
+            where = (f"reward_failures in {self.out / 'summary.json'}" if e.details() else
+                     f"rollout/stop_reason/env_error in {self.out / 'metrics.jsonl'}")
             raise TrainingError(f"the run finished ({self.step} steps, adapter in {adapter_dir}), but {e}: see "
-                                f"reward_failures in {self.out / 'summary.json'}") from None
+                                f"{where}") from None
         return summary
 
     def save(self, data_state: dict | None) -> Path:

@@ -20,12 +20,13 @@ one ClusterError naming the version and the first failure.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import ray
 
-from grpo_dist.cluster.ray_utils import ClusterError
+from grpo_dist.cluster.ray_utils import POLL_S, STOP_GRACE_S, ClusterError, stop_requested_at
 from grpo_dist.sync import nccl_api
 from grpo_dist.sync.weight_sync import Load, WeightSync, sync_clocks
 
@@ -91,7 +92,14 @@ class CollectiveSync(WeightSync):
         if not inflight:
             return []
         limit = 2 * self.timeout + 60
-        _, waiting = ray.wait([ref for ref, _, _ in inflight], num_returns=len(inflight), timeout=limit)
+        waiting, deadline = [ref for ref, _, _ in inflight], time.monotonic() + limit
+        while waiting and time.monotonic() < deadline:  # in slices: a stop request (Ctrl-C) is answered
+            _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=min(POLL_S, deadline - time.monotonic()))
+            stop_at = stop_requested_at()
+            if waiting and stop_at is not None and time.monotonic() - stop_at >= STOP_GRACE_S:
+                role, rank = next((role, rank) for ref, role, rank in inflight if ref.hex() == waiting[0].hex())
+                raise ClusterError(f"{role} worker {rank}: no answer from the weight group {STOP_GRACE_S:g} s after "
+                                   f"the stop request (hung)", role, rank, hung=True, interrupted=True)
         late = {r.hex() for r in waiting}
         errors = []
         for ref, role, rank in inflight:

@@ -20,3 +20,13 @@ class TwoTurns:
         if len(self.seen) == 1:
             return EnvStep(messages=[{"role": "user", "content": self.reply}])
         return EnvStep(reward=1.0, done=True, info={"turns": len(self.seen)})
+
+
+class Raises:
+    """An environment whose ``step`` raises every time (a tool server that is down)."""
+
+    def reset(self, record):
+        return None
+
+    def step(self, completion: str) -> EnvStep:
+        raise ConnectionError("tool server down (404)")

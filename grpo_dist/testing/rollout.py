@@ -37,3 +37,38 @@ def die_in_next_receive(worker) -> None:
         return rpc(method, *args, **kwargs)
 
     llm.collective_rpc = dying
+
+
+class EngineCallFailed(RuntimeError):
+    """The error :func:`fail_engine_calls` injects (its name says whose it is in a test's match)."""
+
+
+def fail_engine_calls(worker, message: str = "Check failed: thread_num == thread_num (1 vs. 2)",
+                      times: int = 1) -> None:
+    """The worker's next ``times`` engine ``generate`` calls raise ``EngineCallFailed(message)``
+    (as vLLM's CPU attention check did, issue 42); later calls generate again. The calls made
+    are counted in ``worker.engine.failed_calls``. Batch engines only (the streaming engine's
+    ``generate_group`` is async)."""
+    engine = worker.engine
+    generate = engine.generate
+    engine.failed_calls = 0
+
+    def failing(*args, **kwargs):
+        if engine.failed_calls < times:
+            engine.failed_calls += 1
+            raise EngineCallFailed(message)
+        return generate(*args, **kwargs)
+
+    engine.generate = failing
+
+
+def hf_worker(model_dir, max_tokens: int = 4, **rollout):
+    """An in-process rollout worker (transformers backend, full weights, G = 2), set up."""
+    from grpo_dist.config import load_config
+    from grpo_dist.rollout.worker import RolloutWorker
+
+    cfg = load_config(None, {"model": {"path": str(model_dir)}, "lora": {"enabled": False},
+                             "rollout": {"backend": "hf", "group_size": 2, "max_tokens": max_tokens, **rollout}})
+    w = RolloutWorker(cfg)
+    w.setup()
+    return w
