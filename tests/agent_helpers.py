@@ -85,8 +85,8 @@ def bad_requests(base_url: str, row: dict, log: str | None = None) -> float:
     """Requests the endpoint refuses; each OpenAI error's status and message logged; then one good call."""
     client = openai.OpenAI(base_url=base_url, api_key="-", max_retries=0)
     msgs = [{"role": "user", "content": "hi"}]
-    tries = {"temperature": dict(temperature=0.3), "top_p": dict(top_p=0.5), "stream": dict(stream=True),
-             "n": dict(n=2), "role": dict(messages=[{"role": "wizard", "content": "x"}]),
+    tries = {"temperature": dict(temperature=0.3), "top_p": dict(top_p=0.5), "n": dict(n=2),
+             "tool_choice": dict(tool_choice={"type": "function", "function": {"name": "nope"}}), "role": dict(messages=[{"role": "wizard", "content": "x"}]),
              "image": dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
              "max_tokens": dict(max_tokens=0)}
     errors = {}
@@ -183,4 +183,43 @@ def retrying(base_url: str, row: dict) -> float:
     for _ in range(2):
         msg = client.chat.completions.create(model="policy", messages=messages, max_tokens=4).choices[0].message
         messages += [{"role": "assistant", "content": msg.content}, {"role": "user", "content": "Go on."}]
+    return 1.0
+
+
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two numbers.",
+                                           "parameters": {"type": "object", "properties": {
+                                               "a": {"type": "number"}, "b": {"type": "number"}}}}}]
+
+
+def wire(base_url: str, row: dict, log: str | None = None) -> float:
+    """What frameworks send: a chat call with log-probs, the same streamed (usage included), a
+    streamed completion, a call with tool_choice required, one naming a function with
+    parallel_tool_calls false. Logs what each answer carried."""
+    client = openai.OpenAI(base_url=base_url, api_key="-", max_retries=0)
+    msgs = [{"role": "user", "content": str(row["prompt"])}]
+    a = client.chat.completions.create(model="policy", messages=msgs, max_tokens=6, logprobs=True, top_logprobs=2)
+    c = a.choices[0]
+    plain = {"text": c.message.content, "ids": c.model_extra["token_ids"],
+             "lps": [t.logprob for t in c.logprobs.content], "tops": [len(t.top_logprobs) for t in c.logprobs.content]}
+    parts, lps, usage, finish, ids = [], [], None, None, None
+    for ch in client.chat.completions.create(model="policy", messages=msgs, max_tokens=6, stream=True, logprobs=True,
+                                             stream_options={"include_usage": True}):
+        if ch.usage is not None:
+            usage = ch.usage.completion_tokens
+        for x in ch.choices:
+            parts.append(x.delta.content or "")
+            lps += [t.logprob for t in (x.logprobs.content if x.logprobs else [])]
+            finish = x.finish_reason or finish
+            ids = x.model_extra.get("token_ids") or ids
+    streamed = {"text": "".join(parts), "lps": lps, "usage": usage, "finish": finish, "ids": ids}
+    pieces = [x.choices[0].text for x in client.completions.create(model="policy", prompt=str(row["prompt"]),
+                                                                     max_tokens=5, stream=True, logprobs=0)]
+    req = client.chat.completions.create(model="policy", messages=msgs, max_tokens=6, tools=TOOLS,
+                                         tool_choice="required")
+    named = client.chat.completions.create(model="policy", messages=msgs, max_tokens=6, tools=TOOLS,
+                                           tool_choice={"type": "function", "function": {"name": "add"}},
+                                           parallel_tool_calls=False)
+    _log(log, plain=plain, streamed=streamed, completion="".join(pieces),
+         required=[req.choices[0].finish_reason, len(req.choices[0].message.tool_calls or [])],
+         named=[named.choices[0].finish_reason, len(named.choices[0].message.tool_calls or [])])
     return 1.0

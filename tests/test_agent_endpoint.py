@@ -10,7 +10,7 @@ byte-level BPE vocabulary with a ChatML template: tests/bpe_model.py), one engin
 * a rewritten history starts a new segment, trained as a sample of its own with the trajectory's
   advantage (``rollout/agent_segments``);
 * ``/v1/completions`` (text and token-id prompts) and ``/v1/models``;
-* bad requests get OpenAI-style 4xx errors with a reason (other sampling values, streaming, n, a
+* bad requests get OpenAI-style 4xx errors with a reason (other sampling values, a tool choice not among the tools, n, a
   bad role or content, max_tokens 0) and the trajectory goes on; a hung agent is cut at
   ``rollout.trajectory_timeout_s``, one that raises ends as ``env_error``;
 * an engine call that raises fails the worker's call with its error (issue 42);
@@ -216,7 +216,7 @@ def test_bad_requests_get_openai_errors_and_the_trajectory_goes_on(worker, tmp_p
     assert errors.pop("embeddings")[0] == 404
     assert all(v is not None and v[0] == 400 for v in errors.values()), errors
     assert "rollout.temperature 1.0" in errors["temperature"][1] and "rollout.top_p" in errors["top_p"][1]
-    assert "streaming is not supported" in errors["stream"][1] and "n must be 1" in errors["n"][1]
+    assert "n must be 1" in errors["n"][1] and "'nope', which is not among the tools" in errors["tool_choice"][1]
     assert "role must be one of" in errors["role"][1] and "image_url" in errors["image"][1]
     assert "max_tokens must be a positive integer" in errors["max_tokens"][1]
     assert all(r.turns == 1 and r.columns["env_reward"] == 0.5 and sum(r.loss_mask) == 3 for r in rollouts)

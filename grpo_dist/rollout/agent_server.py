@@ -4,14 +4,22 @@ One aiohttp server per rollout worker, on 127.0.0.1 and a free port, on the envi
 loop; each trajectory gets its own base URL ``http://127.0.0.1:<port>/t/<secret>/v1`` (192 random
 bits; every request without a live trajectory's secret gets one and the same 404: ``AgentServer``)
 so requests are attributed to it and no other program on the machine reaches it. Routes under it: ``POST /chat/completions`` (``messages``, ``tools``,
-``tool_choice`` auto/none, ``max_tokens`` / ``max_completion_tokens``, ``stop``; the answer's
-``tool_calls`` parsed with ``rollout.tool_parser``), ``POST /completions`` (``prompt`` as text or
-token ids) and ``GET /models``.
+``tool_choice`` auto, none, required or a named function, ``parallel_tool_calls``,
+``max_tokens`` / ``max_completion_tokens``, ``stop``, ``logprobs`` / ``top_logprobs``; the
+answer's ``tool_calls`` parsed with ``rollout.tool_parser``), ``POST /completions`` (``prompt`` as
+text or token ids, ``logprobs``) and ``GET /models``; ``stream: true`` answers with server-sent
+events (agent_wire.py).
+
+``tool_choice: required`` (or a named function) shows the tools in the prompt (a named one
+alone) and samples again, as a new request of the trajectory, while the answer has no (such) call,
+at most ``TOOL_RETRIES`` times within the trajectory's turns and budget: every attempt is sampled
+from the policy and trained on, none is constrained (a grammar would change the distribution the
+behaviour log-probs come from); the last attempt is answered as sampled.
 
 Sampling is the run's: ``temperature``, ``top_p`` and ``top_k`` come from ``rollout.*``, and a
 request that asks for other values gets a 400 (the behaviour log-probs must be those of the
 policy that trains). ``seed`` is ignored: call k of a trajectory samples with the seed derived
-from the trajectory's. ``n`` must be 1. ``stream: true`` is refused with a 400. Every refusal
+from the trajectory's. ``n`` must be 1. Every refusal
 is an OpenAI-style error body ``{"error": {"message", "type", "param", "code"}}`` with a 4xx
 status, so the agent's SDK raises it with its reason.
 """
@@ -23,18 +31,18 @@ import hashlib
 import json
 import logging
 import secrets
-import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from grpo_dist.envs.parsers import ToolParser, get_parser
 from grpo_dist.rollout.agent_segments import AgentRequestError, AgentTrajectory, Pending
+from grpo_dist.rollout.agent_wire import Answer, body as answer_body, chunks, sse
 from grpo_dist.rollout.base import SamplingSpec
 from grpo_dist.rollout.trajectory import turn_seed
 
 log = logging.getLogger("grpo_dist.rollout")
 _FIXED = ("temperature", "top_p", "top_k")
+TOOL_RETRIES = 2  # tool_choice required / named: samples after the first while the answer has no such call
 
 
 @dataclass
@@ -86,9 +94,10 @@ class AgentSession:
         if self.closed:
             raise AgentRequestError("this trajectory has ended (the agent returned or ran past "
                                     "rollout.trajectory_timeout_s)", status=410, code="trajectory_ended")
-        if body.get("stream"):
-            raise AgentRequestError("streaming is not supported by the training endpoint: send stream=false",
-                                    param="stream", code="stream_unsupported")
+        if not isinstance(body.get("stream", False), bool):
+            raise AgentRequestError("stream must be true or false", param="stream")
+        if not isinstance(body.get("stream_options") or {}, dict):
+            raise AgentRequestError("stream_options must be an object", param="stream_options")
         if body.get("n", 1) != 1:
             raise AgentRequestError("n must be 1 (each call samples one completion; a group is "
                                     "rollout.group_size calls of the agent)", param="n")
@@ -122,7 +131,7 @@ class AgentSession:
         self.cut = bound if out.finish_reason == "length" else None
         return out
 
-    async def chat(self, body: Any) -> dict[str, Any]:
+    async def chat(self, body: Any) -> Answer:
         async with self.lock:
             body = self._check(body)
             tools = body.get("tools") or None
@@ -131,34 +140,57 @@ class AgentSession:
                     for t in tools)):
                 raise AgentRequestError("tools must be a list of {type: function, function: {name, ...}}",
                                         param="tools")
-            choice = body.get("tool_choice")
-            if choice not in (None, "auto", "none"):
-                raise AgentRequestError("tool_choice: only 'auto' and 'none' are supported", param="tool_choice")
+            tools, choice, named = _tool_choice(body.get("tool_choice"), tools)
+            want = _chat_logprobs(body)
             parser: ToolParser | None = get_parser(self.tool_parser) if tools else None
-            p = self.traj.chat_prompt(body.get("messages"), tools, parser, self.state_tools)
-            prompt = p.prompt
-            out = await self._sample(p, body, list(parser.stop) if parser is not None and choice != "none" else [])
-            text = self.traj.tok.decode(out.token_ids, skip_special_tokens=True)  # a stop string stays in
-            message: dict[str, Any] = {"role": "assistant", "content": text}
-            finish = "stop" if out.finish_reason == "stop" else "length"
-            if parser is not None and choice != "none":
-                parsed = parser.parse(text)
-                self.traj.count("tool_calls", parsed.attempted)  # as the tool environments count them
-                self.traj.count("tool_errors", len(parsed.errors))
-                self.traj.count("tool_malformed", len(parsed.errors))
-                if parsed.calls:
-                    message["content"] = parsed.content or None
-                    message["tool_calls"] = [
-                        {"id": self._call_id(k), "type": "function",
-                         "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-                        for k, c in enumerate(parsed.calls)]
-                    finish = "tool_calls"
-            self.traj.record(p, out.token_ids, out.logprobs, message, text)
-            return self._answer("chat.completion", {"message": message}, finish, prompt, out.token_ids)
+            for attempt in range(1 + (TOOL_RETRIES if choice == "required" else 0)):
+                p = self.traj.chat_prompt(body.get("messages"), tools, parser, self.state_tools)
+                try:
+                    out = await self._sample(p, body, list(parser.stop) if parser and choice != "none" else [])
+                except AgentRequestError:
+                    if attempt == 0:
+                        raise
+                    break  # the trajectory's turns or budget ran out: the last attempt stands (it is recorded)
+                message, finish, text = self._message(out, parser if choice != "none" else None, named, body)
+                self.traj.record(p, out.token_ids, out.logprobs, message, text)
+                answer = Answer(True, self.model, p.prompt, list(out.token_ids), list(out.logprobs), finish,
+                                self._decode, message=message, want_logprobs=want)
+                if choice != "required" or message.get("tool_calls"):
+                    break
+            return answer
 
-    async def completion(self, body: Any) -> dict[str, Any]:
+    def _message(self, out, parser: ToolParser | None, named: str | None, body: dict[str, Any]):
+        """The assistant message of a sample: its text, or the tool calls ``parser`` finds (only
+        ``named``'s when a function was named; the first alone when ``parallel_tool_calls`` is false)."""
+        text = self._decode(out.token_ids)  # a stop string stays in
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        finish = "stop" if out.finish_reason == "stop" else "length"
+        if parser is None:
+            return message, finish, text
+        parsed = parser.parse(text)
+        self.traj.count("tool_calls", parsed.attempted)  # as the tool environments count them
+        self.traj.count("tool_errors", len(parsed.errors))
+        self.traj.count("tool_malformed", len(parsed.errors))
+        calls = [c for c in parsed.calls if named is None or c.name == named]
+        if body.get("parallel_tool_calls") is False:
+            calls = calls[:1]
+        if calls:
+            message["content"] = parsed.content or None
+            message["tool_calls"] = [{"id": self._call_id(k), "type": "function",
+                                      "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                                     for k, c in enumerate(calls)]
+            finish = "tool_calls"
+        return message, finish, text
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.traj.tok.decode(ids, skip_special_tokens=True)
+
+    async def completion(self, body: Any) -> Answer:
         async with self.lock:
             body = self._check(body)
+            want = body.get("logprobs")
+            if want is not None and (isinstance(want, bool) or not isinstance(want, int) or not 0 <= want <= 20):
+                raise AgentRequestError("logprobs must be an integer from 0 to 20", param="logprobs")
             prompt = body.get("prompt")
             if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
                 prompt = prompt[0]  # one prompt in a list
@@ -171,12 +203,11 @@ class AgentSession:
                 raise AgentRequestError("prompt must be one non-empty string or one list of token ids of the "
                                         "model's vocabulary", param="prompt")
             p = self.traj.completion_prompt(ids)
-            prompt = p.prompt
             out = await self._sample(p, body, [])
-            self.traj.record(p, out.token_ids, out.logprobs, None,
-                             self.traj.tok.decode(out.token_ids, skip_special_tokens=True))
-            return self._answer("text_completion", {"text": out.text},
-                                "stop" if out.finish_reason == "stop" else "length", prompt, out.token_ids)
+            self.traj.record(p, out.token_ids, out.logprobs, None, self._decode(out.token_ids))
+            return Answer(False, self.model, p.prompt, list(out.token_ids), list(out.logprobs),
+                          "stop" if out.finish_reason == "stop" else "length", self._decode, text=out.text,
+                          want_logprobs=want)
 
     def _call_id(self, k: int) -> str:
         """Tool call k's id: no counter in it; from the trajectory's seed when it has one, so a rerun
@@ -184,14 +215,6 @@ class AgentSession:
         if self.seed is None:
             return f"call_{secrets.token_hex(12)}"
         return "call_" + hashlib.sha256(f"{self.seed}:{self.calls}:{k}".encode()).hexdigest()[:24]
-
-    def _answer(self, obj: str, choice: dict[str, Any], finish: str, prompt: list[int], ids: list[int]) -> dict[str, Any]:
-        """The response; as vLLM's ``return_token_ids``, it carries the prompt's and the sample's token ids."""
-        n_prompt, n_out = len(prompt), len(ids)
-        return {"id": f"{'chatcmpl' if obj == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}",
-                "object": obj, "created": int(time.time()), "model": self.model, "prompt_token_ids": list(prompt),
-                "choices": [{"index": 0, **choice, "finish_reason": finish, "logprobs": None, "token_ids": list(ids)}],
-                "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}}
 
 
 def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict[str, Any]:
@@ -287,12 +310,57 @@ class AgentServer:
                 body = await request.json()
             except Exception:  # noqa: BLE001 - any undecodable body is the client's error
                 raise AgentRequestError("the request body is not valid JSON") from None
-            return self._json(await (session.chat(body) if route == "chat/completions" else session.completion(body)))
+            answer = await (session.chat(body) if route == "chat/completions" else session.completion(body))
+            if body.get("stream"):
+                return await self._stream(request, answer, bool((body.get("stream_options") or {}).get("include_usage")))
+            return self._json(answer_body(answer))
         except AgentRequestError as e:
             return self._json(error_body(str(e), e.status, e.param, e.code), e.status)
         except Exception as e:  # noqa: BLE001 - the agent reads why, the trajectory goes on
             log.warning("agent endpoint: %s failed: %s: %s", route, type(e).__name__, e)
             return self._json(error_body(f"{type(e).__name__}: {e}", 500), 500)
+
+
+    @staticmethod
+    async def _stream(request, answer: Answer, include_usage: bool):
+        from aiohttp import web
+
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        for event in sse(chunks(answer, include_usage)):
+            await resp.write(event)
+        await resp.write_eof()
+        return resp
+
+
+def _tool_choice(choice: Any, tools: list | None) -> tuple[list | None, str, str | None]:
+    """(the tools the prompt shows, "auto" | "none" | "required", the named function or None)."""
+    if choice in (None, "auto", "none"):
+        return tools, choice or "auto", None
+    if choice == "required":
+        if not tools:
+            raise AgentRequestError("tool_choice 'required' needs tools", param="tool_choice")
+        return tools, "required", None
+    name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+    if not (isinstance(choice, dict) and choice.get("type") == "function" and isinstance(name, str)):
+        raise AgentRequestError("tool_choice must be 'auto', 'none', 'required' or {type: function, function: "
+                                "{name}}", param="tool_choice")
+    chosen = [t for t in tools or [] if t["function"]["name"] == name]
+    if not chosen:
+        raise AgentRequestError(f"tool_choice names {name!r}, which is not among the tools", param="tool_choice")
+    return chosen, "required", name
+
+
+def _chat_logprobs(body: dict[str, Any]) -> int | None:
+    """None when not asked; else how many alternatives (``top_logprobs``)."""
+    want, top = body.get("logprobs"), body.get("top_logprobs")
+    if want is not None and not isinstance(want, bool):
+        raise AgentRequestError("logprobs must be true or false", param="logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20):
+        raise AgentRequestError("top_logprobs must be an integer from 0 to 20", param="top_logprobs")
+    if top and not want:
+        raise AgentRequestError("top_logprobs needs logprobs: true", param="top_logprobs")
+    return (top or 0) if want else None
 
 
 def _digest(secret: str) -> bytes:
