@@ -112,3 +112,10 @@ def over_budget(base_url: str, row: dict, log: str | None = None) -> None:
     except openai.BadRequestError as e:
         second = [e.status_code, e.message]
     _log(log, first=[first.usage.completion_tokens, first.choices[0].finish_reason], second=second)
+
+
+def say_7(base_url: str, row: dict) -> float:
+    """One short plain request (no tools): the first engine call of a worker is one small batch."""
+    client = openai.OpenAI(base_url=base_url, api_key="-", max_retries=0)
+    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "say 7"}], max_tokens=4)
+    return 1.0
