@@ -186,11 +186,6 @@ def retrying(base_url: str, row: dict) -> float:
     return 1.0
 
 
-TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two numbers.",
-                                           "parameters": {"type": "object", "properties": {
-                                               "a": {"type": "number"}, "b": {"type": "number"}}}}}]
-
-
 def wire(base_url: str, row: dict, log: str | None = None) -> float:
     """What frameworks send: a chat call with log-probs, the same streamed (usage included), a
     streamed completion, a call with tool_choice required, one naming a function with
@@ -222,4 +217,10 @@ def wire(base_url: str, row: dict, log: str | None = None) -> float:
     _log(log, plain=plain, streamed=streamed, completion="".join(pieces),
          required=[req.choices[0].finish_reason, len(req.choices[0].message.tool_calls or [])],
          named=[named.choices[0].finish_reason, len(named.choices[0].message.tool_calls or [])])
+
+
+def say_7(base_url: str, row: dict) -> float:
+    """One short plain request (no tools): the first engine call of a worker is one small batch."""
+    client = openai.OpenAI(base_url=base_url, api_key="-", max_retries=0)
+    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "say 7"}], max_tokens=4)
     return 1.0

