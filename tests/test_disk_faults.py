@@ -230,3 +230,12 @@ def test_worker_log_router_never_raises_on_a_full_disk(small_disk):
     with pytest.raises(WriteError, match=f"cannot write {out / 'w2.log'} \\({READ_ONLY}\\)"):
         small_disk.read_only(out)
         WorkerLogs(out / "w2.log")
+
+
+def test_run_lock_on_a_full_disk_is_one_error(small_disk):
+    from grpo_dist.run.lock import OutputLock
+
+    out = small_disk("64k")
+    small_disk.fill(out)
+    with pytest.raises(WriteError, match=f"^disk full writing {out / 'run.lock'} \\({FULL}\\)$"):
+        OutputLock(str(out)).acquire()  # the CLI prints it as `error: ...` and exits 1 before anything starts
