@@ -19,7 +19,7 @@ import pytest
 
 from grpo_dist.run import checkpoint
 from grpo_dist.run.outputs import read_metrics, write_metrics, write_summary
-from grpo_dist.util.disk import PARTIAL, WriteError, write_atomic
+from grpo_dist.util.disk import PARTIAL, WriteError, remove_dir, replace_dir, write_atomic
 
 FULL = "No space left on device"
 READ_ONLY = "Read-only file system"
@@ -144,6 +144,8 @@ def test_checkpoint_on_a_read_only_disk_names_it_and_keeps_the_others(small_disk
         _save(cfg, learner, 2)
     assert str(e.value) == f"cannot write checkpoint {checkpoint.step_dir(cfg, 2)} ({READ_ONLY})"
     assert _whole(cfg) == [1]  # and keep=1 pruned nothing: the only whole one stays
+    remove_dir(checkpoint.step_dir(cfg, 1))  # a deletion that cannot even start leaves it whole
+    assert _whole(cfg) == [1]
     small_disk.writable(out)
     _save(cfg, learner, 2)
     assert _whole(cfg) == [2]  # pruned once the new one is whole
@@ -176,6 +178,18 @@ def test_final_adapter_on_a_full_disk_keeps_the_old_one_whole(small_disk, tiny_m
     assert str(e.value) == f"disk full writing adapter {adapter / 'adapter_model.safetensors'} ({FULL})"
     assert {p.name: p.read_bytes() for p in adapter.iterdir()} == old
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".filler")) == ["adapter"]
+
+
+def test_a_directory_swapped_in_keeps_the_old_one_when_the_swap_fails(tmp_path):
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "w").write_text("old")
+    with pytest.raises(WriteError, match=f"cannot write {tmp_path / 'adapter'} "):
+        replace_dir(tmp_path / ".partial-adapter", tmp_path / "adapter")  # (it does not exist: the rename fails)
+    assert (tmp_path / "adapter" / "w").read_text() == "old"
+    (tmp_path / ".partial-adapter").mkdir()
+    (tmp_path / ".partial-adapter" / "w").write_text("new")
+    replace_dir(tmp_path / ".partial-adapter", tmp_path / "adapter")
+    assert [p.name for p in tmp_path.iterdir()] == ["adapter"] and (tmp_path / "adapter" / "w").read_text() == "new"
 
 
 def test_write_error_crosses_a_process_boundary():

@@ -110,7 +110,13 @@ def replace_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
             old = final.with_name(f"{DELETING}{final.name}-{os.getpid()}")
             shutil.rmtree(old, ignore_errors=True)
             os.rename(final, old)
-        os.rename(tmp, final)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if old is not None:  # the old one back under its name
+                with contextlib.suppress(OSError):
+                    os.rename(old, final)
+            raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
