@@ -82,18 +82,22 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     from grpo_dist.cluster.ray_utils import ClusterError, shutdown_ray
     from grpo_dist.run.run import Interrupted, Run, TrainingError
     from grpo_dist.train import train
+    from grpo_dist.util.disk import WriteError
 
     try:  # absolute output_dir (a relative one inside a Ray job is refused), run id; one run per output_dir
         run = Run(cfg)
         lock = OutputLock(run.cfg.output_dir).acquire()
     except ConfigError as e:
         return _fail(str(e))
+    except WriteError as e:  # a full disk: nothing started
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     try:
         with _stop_on_signals(run):
             summary = train(run)
     except ConfigError as e:
         return _fail(str(e))
-    except (ClusterError, TrainingError) as e:
+    except (ClusterError, TrainingError, WriteError) as e:  # (the run names the step and the resume command)
         print(f"error: {e}", file=sys.stderr)
         return 1
     except Interrupted as e:

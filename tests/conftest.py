@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -134,3 +135,47 @@ def in_process_learners():
         import deepspeed.comm
 
         deepspeed.comm.destroy_process_group()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """``small_disk(size)``: a directory on a filesystem of its own, a size-limited tmpfs (``size``
+    as ``mount -o size=`` reads it: "1m", "64m"), for filling it (a full disk) or remounting it
+    read-only (``small_disk.read_only(path)``); unmounted after the test. Needs root (mount): the
+    test is skipped, saying why, only where mounting is impossible."""
+    import subprocess
+
+    mounted: list[Path] = []
+
+    def make(size: str = "1m") -> Path:
+        d = tmp_path / f"disk{len(mounted)}"
+        d.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(d)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs for a full-disk test (needs root): {r.stderr.strip()}")
+        mounted.append(d)
+        return d
+
+    def remount(d: Path, mode: str) -> None:
+        subprocess.run(["mount", "-o", f"remount,{mode}", str(d)], check=True)
+
+    def fill(d: Path, leave: int = 0) -> Path:
+        """A filler file taking all but about ``leave`` bytes of the disk (whole pages); delete it to free them."""
+        st = os.statvfs(d)
+        filler = d / f".filler-{len(list(d.glob('.filler-*')))}"
+        with open(filler, "wb", buffering=0) as f:  # unbuffered: nothing left to flush at close
+            want = max(0, st.f_bavail * st.f_frsize - leave)
+            with contextlib.suppress(OSError):  # (ENOSPC: the disk is full)
+                while want > 0:
+                    want -= f.write(b"\0" * min(want, 1 << 20))
+                while leave == 0:
+                    f.write(b"\0" * 4096)
+        return filler
+
+    make.read_only = lambda d: remount(d, "ro")
+    make.writable = lambda d: remount(d, "rw")
+    make.fill = fill
+    yield make
+    for d in mounted:
+        subprocess.run(["umount", "-l", str(d)], check=False)

@@ -7,6 +7,10 @@ Ray sends every line an actor prints to the driver (``log_to_driver``) through o
 own handler (``ray_print_logs``: coloured ``(Actor pid=N)`` prefixes, deduplication) is replaced
 by :class:`WorkerLogs` while the driver is connected. The driver's own Python warnings go to the
 same file when quiet.
+
+A full or read-only disk never raises here (this runs in Ray's dispatcher thread and at
+shutdown): lines that cannot be written are dropped, and the run's own outputs in the same
+directory report the disk (``util/disk.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, TextIO
+
+from grpo_dist.util.disk import writing
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _NAME = "grpo_dist_worker_logs"
@@ -37,11 +43,13 @@ class WorkerLogs:
         self.path = path
         self.file: TextIO | None = None
         self.lock = threading.Lock()
+        self.failed: OSError | None = None  # the first write that failed (lines are dropped from then on)
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.file = open(path, "a", buffering=1, encoding="utf-8", errors="replace")
-            self.file.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: worker and library "
-                            f"logs of this run (grpo-dist train --verbose prints them on the console) ===\n")
+            with writing(path):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self.file = open(path, "a", buffering=1, encoding="utf-8", errors="replace")
+                self.file.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: worker and library "
+                                f"logs of this run (grpo-dist train --verbose prints them on the console) ===\n")
 
     def __call__(self, data: dict[str, Any]) -> None:
         pid = data.get("pid")
@@ -56,18 +64,47 @@ class WorkerLogs:
         if not lines:
             return
         with self.lock:
+            if self.failed is not None:
+                return
             if self.file is not None:
-                self.file.write("".join(strip_ansi(ln) + "\n" for ln in lines))
+                self.write("".join(strip_ansi(ln) + "\n" for ln in lines))
                 return
             sink = sys.stderr if data.get("is_err") else sys.stdout
             colour = getattr(sink, "isatty", lambda: False)()
             sink.write("".join((ln if colour else strip_ansi(ln)) + "\n" for ln in lines))
             sink.flush()
 
+    def write(self, text: str) -> None:
+        """Append to the file; a failed write (full or read-only disk) drops this and every later line."""
+        if self.failed is not None or self.file is None:
+            return
+        try:
+            self.file.write(text)
+        except OSError as e:
+            self.failed = e
+
+    def flush(self) -> None:
+        if self.failed is None and self.file is not None:
+            try:
+                self.file.flush()
+            except OSError as e:
+                self.failed = e
+
     def close(self) -> None:
         if self.file is not None:
-            self.file.close()
-            self.file = None
+            file, self.file = self.file, None
+            try:
+                file.close()
+            except OSError as e:  # the last buffered line on a full disk
+                self.failed = self.failed or e
+
+
+class _QuietHandler(logging.StreamHandler):
+    """The driver's warnings into the log file; a failed write drops the record (logging's
+    default prints a traceback per record)."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
 
 
 def route(path: Path | None) -> None:
@@ -82,7 +119,7 @@ def route(path: Path | None) -> None:
     dispatcher.add_handler(_NAME, _current)
     if path is not None:
         logging.captureWarnings(True)
-        handler = logging.StreamHandler(_current.file)
+        handler = _QuietHandler(_current)  # writes through WorkerLogs.write
         handler.set_name(_NAME)
         handler.setFormatter(logging.Formatter("(driver) %(message)s"))
         warn = logging.getLogger("py.warnings")

@@ -7,22 +7,31 @@ RNG: resuming restores the driver's Python ``random`` state and every learner ra
 generators (CPU, and the rank's GPU where it has one), which LoRA dropout draws from. The rollout
 engines keep no RNG worth saving: each sample's seed is a function of (trainer.seed, step, prompt,
 sample). So a resumed run repeats an uninterrupted one's steps exactly, dropout included
-(``tests/test_resume_exact.py``)."""
+(``tests/test_resume_exact.py``).
+
+Whole or absent: a checkpoint (and the final adapter) is written beside its final name
+(``.partial-step_<n>``) and renamed when complete, old ones are renamed away before they are
+deleted (``util/disk.py``); only ``step_<n>`` directories with a ``trainer_state.json`` count. A
+write that fails (a full or read-only disk) removes the partial one and raises
+``disk.WriteError`` naming the checkpoint and the cause (``tests/test_disk_faults.py``)."""
 
 from __future__ import annotations
 
 import json
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 from grpo_dist.config import Config, ConfigError
 from grpo_dist.devices import trainable_dtype
+from grpo_dist.util.disk import WriteError, clear_leftovers, partial_dir, remove_dir, replace_dir, writing
 from grpo_dist.util.files import read_tree, write_tree
 
 STATE_FILE = "trainer_state.json"
+_NAME = re.compile(r"step_(\d+)")
 
 
 def step_dir(cfg: Config, step: int) -> Path:
@@ -30,10 +39,10 @@ def step_dir(cfg: Config, step: int) -> Path:
 
 
 def list_checkpoints(directory: Path) -> list[Path]:
-    """Complete checkpoints (those with a trainer_state.json), oldest first."""
+    """Complete checkpoints (``step_<n>`` directories with a trainer_state.json), oldest first."""
     if not directory.is_dir():
         return []
-    done = [p for p in directory.glob("step_*") if (p / STATE_FILE).is_file()]
+    done = [p for p in directory.glob("step_*") if _NAME.fullmatch(p.name) and (p / STATE_FILE).is_file()]
     return sorted(done, key=lambda p: int(p.name.split("_")[1]))
 
 
@@ -56,34 +65,62 @@ def save(cfg: Config, workers, step: int, data_state: dict, run_state: dict | No
     taken for rollouts that no step has trained on yet); ``run_state``: what the driver needs to
     continue its records (per-step metrics, the evaluation before training)."""
     out = step_dir(cfg, step)
-    out.mkdir(parents=True, exist_ok=True)
     state = {"step": step, "data": data_state, "rng": _rng_state(), "run": run_state or {}, "holds": holds(cfg)}
     lg = workers.learner
-    if _direct(cfg):
-        lg.get(lg.call("save_checkpoint", str(out), {"step": step}))
-    else:
-        merged: dict[str, bytes] = {}
-        for files in lg.get(lg.call("checkpoint_files", {"step": step})):
-            for rel, data in files.items():
-                merged.setdefault(rel, data)  # rank order: rank 0's copy of a shared file wins
-        write_tree(out, merged)
-    (out / STATE_FILE).write_text(json.dumps(state, indent=1))  # written last: marks it complete
+    files: dict[str, bytes] = {}
+    if not _direct(cfg):  # gathered before anything is written: the learners' part cannot fail midway here
+        for rank_files in lg.get(lg.call("checkpoint_files", {"step": step})):
+            for rel, data in rank_files.items():
+                files.setdefault(rel, data)  # rank order: rank 0's copy of a shared file wins
+    files[STATE_FILE] = json.dumps(state, indent=1).encode()  # written last: marks it complete
+    clear_leftovers(cfg.checkpoint_dir)  # what a stopped run left half-written
+    tmp = partial_dir(out)
+    try:
+        with writing(tmp):
+            tmp.mkdir(parents=True, exist_ok=True)
+        if _direct(cfg):
+            lg.get(lg.call("save_checkpoint", str(tmp), {"step": step}))
+        write_tree(tmp, files)
+        replace_dir(tmp, out)
+    except WriteError as e:
+        raise _failed(e, "checkpoint", tmp, out) from e
+    except BaseException:  # a learner failed writing it (shared_dir): nothing partial stays either
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     for old in list_checkpoints(cfg.checkpoint_dir)[: -cfg.checkpoint.keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        remove_dir(old)
     return out
+
+
+def _failed(e: WriteError, what: str, tmp: Path, out: Path) -> WriteError:
+    """The partial directory removed (absent rather than partial; it frees what it took), and the
+    error naming the file as it would have been under its final name."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    where = Path(e.path)
+    shown = out / where.relative_to(tmp) if tmp in where.parents else out
+    return WriteError(f"{what} {shown}", OSError(e.errno, e.strerror))
 
 
 def save_final(cfg: Config, learner_group, out: Path) -> Path:
     """The trained adapter (or full model) as ``out`` on the driver's node. Every rank takes part
     (ZeRO-3 gathers; the save ends with a barrier)."""
-    lg = learner_group
-    if _direct(cfg):
-        lg.get(lg.call("save_adapter", str(out)))
-    else:
-        files = lg.get(lg.call("adapter_files"))[0]
-        shutil.rmtree(out, ignore_errors=True)
-        write_tree(out, files)
-    set_base_model(out, cfg.model.path)
+    lg, out = learner_group, Path(out)
+    files = None if _direct(cfg) else lg.get(lg.call("adapter_files"))[0]
+    tmp = partial_dir(out)
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        if files is None:
+            lg.get(lg.call("save_adapter", str(tmp)))
+        else:
+            write_tree(tmp, files)
+        with writing(tmp / "adapter_config.json"):
+            set_base_model(tmp, cfg.model.path)
+        replace_dir(tmp, out)
+    except WriteError as e:
+        raise _failed(e, "adapter", tmp, out) from e
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return out
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from grpo_dist.config import ConfigError
+from grpo_dist.util.disk import WriteError
 
 LOCK_FILE = "run.lock"
 
@@ -216,9 +217,13 @@ class OutputLock:
                 self.warn(f"warning: output_dir: taking over {self.path} left by pid {(info or {}).get('pid', '?')} on "
                           f"this host{f' ({who})' if who else ''}, {why}")
             data = json.dumps(_me()).encode()
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, data, 0)
-            os.fsync(fd)
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, data, 0)
+                os.fsync(fd)
+            except OSError as e:  # a full disk
+                os.close(fd)
+                raise WriteError(self.path, e) from None
             self._fd = fd
             return self
         raise ConfigError(f"output_dir: cannot take {self.path}: other processes keep replacing it")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_dist.config import Config, ConfigError, dump_config
+from grpo_dist.util.disk import append_lines, write_atomic, writing
 from grpo_dist.util.paths import user_path
 
 RUN_FILE = "run.json"
@@ -74,9 +75,10 @@ def write_run_files(cfg: Config) -> None:
     """``<output_dir>/run.json`` (the run id, and the code of the latest start: ``code_version``)
     and ``config.yaml`` (what the resume command reads)."""
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / RUN_FILE).write_text(json.dumps({"run_id": cfg.trainer.run_id, "code": code_version()}, indent=1))
-    (out / "config.yaml").write_text(dump_config(cfg))
+    with writing(out):
+        out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / RUN_FILE, json.dumps({"run_id": cfg.trainer.run_id, "code": code_version()}, indent=1))
+    write_atomic(out / "config.yaml", dump_config(cfg))
 
 
 METRICS_FILE = "metrics.jsonl"
@@ -85,10 +87,10 @@ METRICS_FILE = "metrics.jsonl"
 def write_metrics(out: Path, history: list[dict[str, float]], append: bool = True) -> None:
     """``<out>/metrics.jsonl``: one JSON line of metrics per step (``step`` included), appended as
     each step ends; ``append=False`` writes the file anew (a resumed run: its restored history, so
-    the steps after its checkpoint that the earlier segment logged are gone)."""
-    with open(Path(out) / METRICS_FILE, "a" if append else "w") as f:
-        for h in history:
-            f.write(json.dumps(h, default=float) + "\n")
+    the steps after its checkpoint that the earlier segment logged are gone). Whole lines only: a
+    write that fails leaves the file as it was and raises ``disk.WriteError``."""
+    text = "".join(json.dumps(h, default=float) + "\n" for h in history)
+    (append_lines if append else write_atomic)(Path(out) / METRICS_FILE, text)
 
 
 def read_metrics(out: Path) -> list[dict[str, float]]:
@@ -139,7 +141,7 @@ def write_summary(out: Path, steps: int, wall: float, adapter_dir, wandb_dir, me
             for set_name, r in rep.get("extra", {}).items():  # eval.extra: the same keys per set
                 one = summary.setdefault("eval_sets", {}).setdefault(set_name, {"source": r.get("source")})
                 one.update({f"{k}_{name}": r[k] for k in ("sampled_accuracy", "greedy_accuracy", "mean_reward") if k in r})
-    (Path(out) / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+    write_atomic(Path(out) / "summary.json", json.dumps(summary, indent=2, default=float))
     return summary
 
 

@@ -12,6 +12,7 @@ same base model: ``eval_cache.py``); :meth:`Run.end_step` closes a step;
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -38,6 +39,7 @@ from grpo_dist.run.outputs import (resolve_outputs, resume_command, resume_hint,
 from grpo_dist.run.prepare import make_monitor
 from grpo_dist.run.workers import Workers, start_workers, startup_times
 from grpo_dist.sync.factory import make_weight_sync
+from grpo_dist.util.disk import WriteError
 
 
 class TrainingError(RuntimeError):
@@ -76,9 +78,14 @@ class Run:
 
     # ------------------------------------------------------------------------------- start
     def start(self) -> Config:
-        """Workers up, resumed if asked, evaluated before training (idempotent)."""
+        """Workers up, resumed if asked, evaluated before training (idempotent). An output that
+        cannot be written (a full or read-only disk) stops it with one TrainingError."""
         if self.workers is not None:
             return self.cfg
+        with self.writes():
+            return self._start()
+
+    def _start(self) -> Config:
         cfg = self.cfg
         ray_utils.request_stop(False)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -105,6 +112,7 @@ class Run:
             self.step, state, path = checkpoint.restore(cfg, w, stream)
             if path is not None:
                 print(f"resumed from step {self.step} ({path})", flush=True)
+                self._saved_step = self.step  # that checkpoint exists: finishing there rewrites none
                 self.history = list(state.get("history", []))
                 self.before = state.get("eval_before")
                 self._wall_before = float(state.get("wall_seconds", 0.0))
@@ -129,25 +137,37 @@ class Run:
 
     # ------------------------------------------------------------------------------- steps
     @contextlib.contextmanager
+    def writes(self) -> Iterator[None]:
+        """An output that could not be written (``disk.WriteError``: a full or read-only disk)
+        becomes one TrainingError naming the file, the cause, the newest whole checkpoint and the
+        resume command (every checkpoint is whole or absent: ``checkpoint.save``)."""
+        try:
+            yield
+        except WriteError as e:
+            raise TrainingError(f"{e}; stopped at step {self.step}: {resume_hint(self.cfg)}") from None
+
+    @contextlib.contextmanager
     def stopping(self) -> Iterator[None]:
         """What ends a run early becomes one TrainingError naming the step and the resume command:
         a reward function failing too often (a checkpoint of the last finished step is saved
-        first), or an actor lost past recovery (a learner rank, restarts used up)."""
-        try:
-            yield
-        except RewardFailureError as e:
-            if e.first_step and self.step == 0:  # broken from the first batch: nothing to keep
-                tail = f"\n{e.details()}" if e.traceback else ""
-                raise TrainingError(f"step 1: {e}; nothing was trained: fix {e.subject} and run again{tail}") from None
-            path = self.save(self._resume_point)
-            details = e.details()
-            raise TrainingError(f"step {self.step + 1}: {e}; stopped with a checkpoint of step {self.step} in "
-                                f"{path}; fix {e.subject}, then resume with: {resume_command(self.cfg)}"
-                                f"{chr(10) + details if details else ''}") from None
-        except ClusterError as e:
-            if e.interrupted and self.stop_requested:  # Ctrl-C while an actor hangs: stop now, keep the last step
-                self.interrupted(settle=False, why=str(e))
-            raise TrainingError(f"{e}; stopped at step {self.step}: {resume_hint(self.cfg)}") from e
+        first), an actor lost past recovery (a learner rank, restarts used up), an output that
+        cannot be written (:meth:`writes`)."""
+        with self.writes():  # (a save below may fail too)
+            try:
+                yield
+            except RewardFailureError as e:
+                if e.first_step and self.step == 0:  # broken from the first batch: nothing to keep
+                    tail = f"\n{e.details()}" if e.traceback else ""
+                    raise TrainingError(f"step 1: {e}; nothing was trained: fix {e.subject} and run again{tail}") from None
+                path = self.save(self._resume_point)
+                details = e.details()
+                raise TrainingError(f"step {self.step + 1}: {e}; stopped with a checkpoint of step {self.step} in "
+                                    f"{path}; fix {e.subject}, then resume with: {resume_command(self.cfg)}"
+                                    f"{chr(10) + details if details else ''}") from None
+            except ClusterError as e:
+                if e.interrupted and self.stop_requested:  # Ctrl-C while an actor hangs: stop now, keep the last step
+                    self.interrupted(settle=False, why=str(e))
+                raise TrainingError(f"{e}; stopped at step {self.step}: {resume_hint(self.cfg)}") from e
 
     def check_finite(self, metrics: dict[str, float], where: str) -> None:
         bad = non_finite(metrics)
@@ -171,6 +191,7 @@ class Run:
         for cb in self.callbacks:
             cb.on_step(self, self.step, m, groups, batch)
         self.monitor.log(m, self.step)
+        self.monitor.check()  # W&B's files: its writer runs in a process of its own
         self.history.append(dict(m, step=float(self.step)))
         write_metrics(self.out, self.history[-1:])
         every = cfg.logging.sample_table_every
@@ -220,6 +241,7 @@ class Run:
         if self._saved_step != self.step:  # the last step's checkpoint may be written already
             self.save(self._resume_point)
         adapter_dir = checkpoint.save_final(cfg, self.workers.learner, self.out / "adapter")
+        self.monitor.check()
         metrics = self.history[-1] if self.history else {}
         metrics = {k: v for k, v in metrics.items() if k != "step"}
         watch = self.rollouts.watch
@@ -281,7 +303,10 @@ class Run:
 
     def close(self) -> None:
         if self.monitor is not None:
-            self.monitor.close()
+            try:  # (W&B's last records on a full disk: the run has said what failed already)
+                self.monitor.close()
+            except Exception as e:  # pragma: no cover - shutting down anyway
+                print(f"warning: closing the monitors: {e.__class__.__name__}: {e}", file=sys.stderr, flush=True)
         if self.workers is not None:
             rollout = self.workers.rollout
             try:  # engines release their processes and adapter dirs

@@ -8,6 +8,8 @@ import contextlib
 import os
 from pathlib import Path
 
+from grpo_dist.util.disk import writing
+
 
 @contextlib.contextmanager
 def locked(path: str | os.PathLike):
@@ -29,11 +31,13 @@ def read_tree(root: str | os.PathLike) -> dict[str, bytes]:
 
 
 def write_tree(root: str | os.PathLike, files: dict[str, bytes]) -> None:
-    """Write ``read_tree``'s mapping under ``root`` (refusing paths that leave it)."""
+    """Write ``read_tree``'s mapping under ``root`` (refusing paths that leave it); a failed write
+    is a ``disk.WriteError`` naming the file."""
     root = Path(root).resolve()
     for rel, data in files.items():
         out = (root / rel).resolve()
         if root not in out.parents:
             raise ValueError(f"refusing to write {rel!r} outside {root}")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(data)
+        with writing(out):
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(data)

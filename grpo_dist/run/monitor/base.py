@@ -23,6 +23,9 @@ class Monitor(abc.ABC):
     def summary(self, values: dict[str, Any]) -> None:
         pass
 
+    def check(self) -> None:
+        """Raise ``disk.WriteError`` when a file this monitor writes could not be written."""
+
     def close(self) -> None:
         pass
 
@@ -46,6 +49,10 @@ class MultiMonitor(Monitor):
     def summary(self, values):
         for m in self.monitors:
             m.summary(values)
+
+    def check(self):
+        for m in self.monitors:
+            m.check()
 
     def close(self):
         for m in self.monitors:

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from grpo_dist.run.monitor.base import Monitor
+from grpo_dist.util.disk import WriteError
+
+# wandb-core's log line when it could not write a record (0.31): "... write <path>: no space left on device"
+_FAILED_WRITE = re.compile(r"failed to save record: .*?write (/\S+): ([^\"]+)")
+_CAUSES = {"no space left on device": errno.ENOSPC, "disk quota exceeded": errno.EDQUOT,
+           "read-only file system": errno.EROFS, "permission denied": errno.EACCES}
 
 
 class WandbMonitor(Monitor):
@@ -23,6 +31,7 @@ class WandbMonitor(Monitor):
         # the x-axis of every namespace is the trainer step
         self.run.define_metric("*", step_metric="trainer/step")
         self.mode = mode
+        self._log_seen = 0  # how far check() has read W&B's own log
 
     @classmethod
     def from_config(cls, cfg, *, default_name: str | None = None,
@@ -56,6 +65,29 @@ class WandbMonitor(Monitor):
         for k, v in values.items():
             if isinstance(v, (int, float, str, bool)) or v is None:
                 self.run.summary[k] = v
+
+    def check(self) -> None:
+        """W&B writes its files in a process of its own: a write that fails there (a full or
+        read-only disk) raises nothing here and the records are lost. Its log says so; the first
+        such line since the last check becomes a ``WriteError`` naming the file. (Where that log
+        cannot be written either, the run's own files in the same directory fail first.)"""
+        if self.mode == "disabled":
+            return
+        log = Path(self.run.dir).parent / "logs" / "debug-internal.log"
+        try:
+            with open(log, "rb") as f:
+                f.seek(self._log_seen)
+                new = f.read()
+        except OSError:
+            return
+        end = new.rfind(b"\n") + 1  # whole lines only
+        self._log_seen += end
+        for line in new[:end].decode(errors="replace").splitlines():
+            m = _FAILED_WRITE.search(line) if '"ERROR"' in line else None
+            if m:
+                cause = m.group(2).strip()
+                code = _CAUSES.get(cause.lower())
+                raise WriteError(m.group(1), OSError(code, os.strerror(code) if code else cause))
 
     def close(self) -> None:
         self.run.finish()
