@@ -317,7 +317,7 @@ class Soak:
         return {"seed": self.args.seed, "minutes": round((time.monotonic() - self.t_start) / 60, 1),
                 "steps": len(steps), "segments": len(self.segments), "faults": self.faults,
                 "not_injected": list(getattr(self, "plan", [])), "cpu": cpu(),
-                "load_avg": [*self.load, os.getloadavg()],  # (1, 5, 15 min) at the start and at the end "stops": self.stops,
+                "stops": self.stops, "load_avg": [*self.load, os.getloadavg()],  # (1, 5, 15 min): start, end
                 "groups_lost": groups_lost(steps, *shape(self.run_dir)), "accuracy": {k: s.get(k) for k in (
                     "sampled_accuracy_before", "sampled_accuracy_after", "greedy_accuracy_after")},
                 "last_rc": self.segments[-1].proc.returncode if self.segments else None}
