@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.stamp-install
 export HF_HUB_OFFLINE ?= 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup lint docs test test-all test-fast demo bench bench-pipeline bench-sync bench-trl gpu-check gpu-e2e gpu-stage gpu-lease clean-runs
+.PHONY: setup lint docs test test-all test-fast demo bench bench-pipeline bench-sync bench-trl soak gpu-check gpu-e2e gpu-stage gpu-lease clean-runs
 
 setup: $(STAMP)
 
@@ -67,6 +67,13 @@ bench-pipeline: $(STAMP)
 
 # One full-weight sync through each sync.transport (collective, object_store, filesystem): s/sync and
 # extra peak memory of the learner and of an engine, tiny and small (25M) models.
+# The chaos soak (issue 42.5; not in CI): the tiny config for 20 minutes through `grpo-dist train` while a
+# seeded schedule kills and stops engines, reward actors and a learner rank, fills the output disk once
+# and sends Ctrl-C once, resuming the run after each stop; then an unfaulted run of the same seed.
+# Root (a tmpfs for the disk fault). The table: docs/errors.md. ARGS="--minutes 3 --kinds kill_engine,sigint".
+soak: $(STAMP)
+	$(PY) benchmarks/soak.py $(ARGS)
+
 bench-sync: $(STAMP)
 	$(PY) benchmarks/sync_transports.py $(ARGS)
 
