@@ -77,7 +77,7 @@ def test_streaming_staleness_buffer_and_early_scores(k, ray_cluster, pretrained_
         assert all(sum(h.get(f"rollout/groups_on_engine/{r}", 0.0) for h in t.history) > 0 for r in (0, 1))
 
 
-@pytest.mark.heavy  # make test-all: queued work of a dead engine sent again: test_pipeline_e2e.py in make test
+@pytest.mark.heavy  # make test-all: a stopped engine's groups sent again and rescored: the next test, in make test
 def test_a_dead_engine_with_queued_groups_is_replaced_and_they_are_sent_again(
         ray_cluster, pretrained_model_dir, tmp_path, monkeypatch):
     """k = 2, two engines: engine 1 is killed after step 1, with groups of steps 2 and 3 on it. It
