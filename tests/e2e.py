@@ -96,3 +96,26 @@ def more_steps(run, n: int = 1) -> dict[str, float]:
     run.cfg.trainer.steps = run.step + n
     train(run)
     return run.history[-1]
+
+
+def engine_processes(actor, title: str, timeout: float = 300) -> list:
+    """The live processes below a rollout actor's process whose title starts with ``title``: the
+    engine outside the actor's process (``rollout.engine_in_process`` false, every streaming
+    engine) is vLLM's ``VLLM::EngineCore`` and, on CPU, its ``VLLM::Worker``. The actor's pid comes
+    from its heartbeat, which answers while the actor works (and once a new actor is constructed)."""
+    import psutil
+    import ray
+
+    pid = ray.get(actor.heartbeat.remote(), timeout=timeout)["pid"]
+    found = []
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return found
+    for p in children:
+        try:
+            if " ".join(p.cmdline()).startswith(title) and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return found

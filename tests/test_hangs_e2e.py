@@ -164,7 +164,7 @@ def test_hung_and_killed_engine_in_process_and_a_hung_reward_actor(pretrained_mo
     check_no_group_lost(out, 3)
 
 
-@pytest.mark.heavy  # make test-all: engine processes stopped or gone are reported by test_heartbeat.py in make test
+@pytest.mark.heavy  # make test-all: in make test, test_pipeline_e2e.py (killed, and while starting) and test_stream_e2e.py (stopped)
 def test_killed_and_stopped_engine_processes_outside_the_actor(pretrained_model_dir, tmp_path):
     """rollout.engine_in_process false: vLLM's engine core (VLLM::EngineCore) and its CPU worker
     (VLLM::Worker) are child processes of the actor. SIGKILL the engine core mid-generation (found

@@ -123,3 +123,69 @@ def test_a_dead_engine_with_queued_chunks_is_replaced_and_they_are_sent_again(
     assert again and all(step in (2, 3) for step, _ in again)
     assert len(t.rec.prompt_ids) == len(set(t.rec.prompt_ids)) == 12
     assert all(max(s["learner_version"] - v for v in s["versions"]) <= 2 for s in t.rec.steps)
+
+
+def test_an_engine_outside_the_actor_killed_and_killed_again_while_its_replacement_starts(
+        ray_cluster, pretrained_model_dir, tmp_path, caplog):
+    """``rollout.engine_in_process: false`` (the GPU default: vLLM's engine core and its CPU worker
+    are processes outside the rollout actor's), one vLLM engine, 2 steps. Before step 2 the engine
+    core is SIGKILLed and the reward actor killed; the replacement's engine core is SIGKILLed too,
+    2 s after it appears (its start fails: the engine process lost, replaced again within the same
+    budget). 3 replacements; step 2 trains on 16 fresh completions of its own prompts."""
+    import os
+    import signal
+    import threading
+    import time
+
+    import ray
+
+    hit, errors = {}, []
+
+    def kill_next_start(run, old):  # the replacement's engine core, while its engine starts
+        try:
+            deadline = time.monotonic() + 600
+            while run.workers.rollout.actors[0] is old and time.monotonic() < deadline:
+                time.sleep(0.1)
+            new = run.workers.rollout.actors[0]
+            while time.monotonic() < deadline:
+                core = e2e.engine_processes(new, "VLLM::EngineCore")
+                if core:
+                    time.sleep(2)  # as the OOM killer would: not in its first instant (StartWatch looks every 0.1 s)
+                    os.kill(core[0].pid, signal.SIGKILL)
+                    hit["starting"] = core[0].pid
+                    return
+                time.sleep(0.1)
+            errors.append("no replacement engine core within 600 s")
+        except Exception as e:  # reported by the test
+            errors.append(repr(e))
+
+    def fault(run, step):
+        if step == 2:
+            engine = run.workers.rollout.actors[0]
+            core = e2e.engine_processes(engine, "VLLM::EngineCore")[0]
+            watcher = threading.Thread(target=kill_next_start, args=(run, engine), daemon=True)
+            watcher.start()
+            hit["watcher"] = watcher
+            os.kill(core.pid, signal.SIGKILL)
+            hit["core"] = core.pid
+            ray.kill(run.workers.reward.actors[0], no_restart=True)
+
+    with caplog.at_level("WARNING", logger="grpo_dist.cluster"):
+        t = run(pretrained_model_dir, tmp_path, {}, steps=2, before_step=fault,
+                rollout={"backend": "vllm", "engine_in_process": False, "max_tokens": 6}, cluster={"max_restarts": 3})
+    hit["watcher"].join(10)
+    assert not errors and hit.keys() == {"watcher", "core", "starting"}, errors
+    replaced = [r.getMessage() for r in caplog.records if "replacing it" in r.getMessage()]
+    print("\n".join(["", *replaced]))
+    assert len(replaced) == 3 and t.history[-1]["cluster/restarts"] == 3.0, replaced
+    # the running engine's core: found by vLLM's own error or by the heartbeat, whichever first
+    assert replaced[0].startswith("rollout worker 0: engine ") and (
+        "dead" in replaced[0] or f"(pid {hit['core']})" in replaced[0]), replaced
+    # the starting one's: its start fails naming the lost process itself (StartWatch, EngineProcessLost: not
+    # only found by a heartbeat after the error), and the actor is replaced again within the same budget
+    assert replaced[1].startswith(f"rollout worker 0: engine dead: engine process VLLM::EngineCore (pid "
+                                  f"{hit['starting']}) ") and "while the engine started" in replaced[1], replaced
+    assert replaced[2].startswith("reward worker 0 died"), replaced
+    assert [h["rollout/num_completions"] for h in t.history] == [16.0, 16.0]
+    assert len(t.rec.prompt_ids) == len(set(t.rec.prompt_ids)) == 8
+    assert [sorted(set(s["versions"])) for s in t.rec.steps] == [[0], [1]]  # the replacement serves version 1

@@ -284,7 +284,7 @@ def test_dead_rollout_actor_stops_the_run_with_a_clear_error(ray_cluster, pretra
         trainer.close()
 
 
-@pytest.mark.heavy  # make test-all: killed and hung actors replaced, no group lost: test_hangs_e2e.py in make test
+@pytest.mark.heavy  # make test-all: dead engines: test_hangs_e2e.py; dead reward actors: test_pipeline_e2e.py, test_stream_e2e.py
 def test_dead_actors_are_replaced_and_their_work_reissued(ray_cluster, pretrained_model_dir, tmp_path, caplog):
     """A dead rollout actor and a dead reward actor are replaced at their ranks; the new rollout
     actor serves the learner's current weights; the step completes on fresh completions; the

@@ -77,7 +77,7 @@ def test_streaming_staleness_buffer_and_early_scores(k, ray_cluster, pretrained_
         assert all(sum(h.get(f"rollout/groups_on_engine/{r}", 0.0) for h in t.history) > 0 for r in (0, 1))
 
 
-@pytest.mark.heavy  # make test-all: queued work of a dead engine sent again: test_pipeline_e2e.py in make test
+@pytest.mark.heavy  # make test-all: a stopped engine's groups sent again and rescored: the next test, in make test
 def test_a_dead_engine_with_queued_groups_is_replaced_and_they_are_sent_again(
         ray_cluster, pretrained_model_dir, tmp_path, monkeypatch):
     """k = 2, two engines: engine 1 is killed after step 1, with groups of steps 2 and 3 on it. It
@@ -110,3 +110,70 @@ def test_a_dead_engine_with_queued_groups_is_replaced_and_they_are_sent_again(
     assert again and all(step in (2, 3) for step, _ in again)
     assert len(t.rec.prompt_ids) == len(set(t.rec.prompt_ids)) == 12
     assert all(max(s["learner_version"] - v for v in s["versions"]) <= 2 for s in t.rec.steps)
+
+
+
+def test_a_stopped_engine_and_a_dead_reward_actor_mid_stream(ray_cluster, pretrained_model_dir, tmp_path,
+                                                             monkeypatch, caplog):
+    """One streaming engine (vLLM's async engine: its core and CPU worker are processes outside the
+    actor's), k = 0, 2 steps. Before step 2 the engine's CPU worker is SIGSTOPped (its heartbeat
+    reports it stopped) and the reward actor killed. Both are replaced (2 restarts); the groups
+    sent to the stopped engine are sent again with the same seed keys and scored by the new reward
+    actor (the scores chained to the dead one asked again); every prompt is trained once on 16
+    completions. (Two engines, k = 2, a killed actor: the heavy test above; an engine process
+    killed, and killed again while its replacement starts: test_pipeline_e2e.py.)"""
+    import os
+    import signal
+
+    import ray
+
+    from grpo_dist.orchestrator.stream import StreamPipeline
+
+    sent, scored, hit = [], [], {}
+    send, score = StreamPipeline._send, StreamPipeline._score
+
+    def spy_send(self, p, i, rank):
+        sent.append((p.step, i, tuple(p.keys[i])))
+        return send(self, p, i, rank)
+
+    def spy_score(self, item):
+        score(self, item)
+        scored.append((item.gen.hex(), item.reward_actor))
+
+    def fault(run, step):  # a stopped engine process (a debugger, SIGSTOP) and a dead reward actor
+        if step == 2:
+            worker = e2e.engine_processes(run.workers.rollout.actors[0], "VLLM::Worker")[0]
+            os.kill(worker.pid, signal.SIGSTOP)
+            hit["worker"] = worker.pid
+            ray.kill(run.workers.reward.actors[0], no_restart=True)
+
+    monkeypatch.setattr(StreamPipeline, "_send", spy_send)  # undone when the test ends
+    monkeypatch.setattr(StreamPipeline, "_score", spy_score)
+    try:
+        with caplog.at_level("WARNING", logger="grpo_dist.cluster"):
+            t = run(pretrained_model_dir, tmp_path, True, 0, steps=2, before_step=fault)
+    finally:
+        if "worker" in hit:  # the replacement killed it (kill_engine); never leave a stopped process behind
+            try:
+                os.kill(hit["worker"], signal.SIGKILL)
+            except OSError:
+                pass
+    replaced = [r.getMessage() for r in caplog.records if "replacing it" in r.getMessage()]
+    print("\n".join(["", *replaced]))
+    assert len(replaced) == 2 and t.history[-1]["cluster/restarts"] == 2.0, replaced
+    assert replaced[0].startswith(f"rollout worker 0: engine process VLLM::Worker (pid {hit['worker']}) stopped")
+    assert replaced[1].startswith("reward worker 0 died"), replaced
+    first, again = {}, []
+    for step, i, key in sent:  # sent again: the same prompt, the same sampling-seed key
+        if (step, i) in first:
+            again.append(step)
+            assert first[(step, i)] == key
+        first.setdefault((step, i), key)
+    assert again and set(again) == {2}, sent
+    by_gen = {}
+    for gen, actor in scored:  # scored again: a generation's score asked of the new reward actor
+        by_gen.setdefault(gen, []).append(actor)
+    assert any(len(a) > 1 and a[-1] is not a[0] for a in by_gen.values()), scored
+    assert len(t.rec.prompt_ids) == len(set(t.rec.prompt_ids)) == 8
+    assert [h["rollout/num_completions"] for h in t.history] == [16.0, 16.0]
+    assert [sorted(set(s["versions"])) for s in t.rec.steps] == [[0], [1]]  # k = 0: on-policy, the replacement too
