@@ -145,6 +145,7 @@ class AgentSession:
             parser: ToolParser | None = get_parser(self.tool_parser) if tools else None
             for attempt in range(1 + (TOOL_RETRIES if choice == "required" else 0)):
                 p = self.traj.chat_prompt(body.get("messages"), tools, parser, self.state_tools)
+                prompt = list(p.prompt)  # (recording the sample extends the segment p.prompt reads)
                 try:
                     out = await self._sample(p, body, list(parser.stop) if parser and choice != "none" else [])
                 except AgentRequestError:
@@ -153,7 +154,7 @@ class AgentSession:
                     break  # the trajectory's turns or budget ran out: the last attempt stands (it is recorded)
                 message, finish, text = self._message(out, parser if choice != "none" else None, named, body)
                 self.traj.record(p, out.token_ids, out.logprobs, message, text)
-                answer = Answer(True, self.model, p.prompt, list(out.token_ids), list(out.logprobs), finish,
+                answer = Answer(True, self.model, prompt, list(out.token_ids), list(out.logprobs), finish,
                                 self._decode, message=message, want_logprobs=want)
                 if choice != "required" or message.get("tool_calls"):
                     break
@@ -203,9 +204,10 @@ class AgentSession:
                 raise AgentRequestError("prompt must be one non-empty string or one list of token ids of the "
                                         "model's vocabulary", param="prompt")
             p = self.traj.completion_prompt(ids)
+            prompt = list(p.prompt)  # (recording the sample extends the segment p.prompt reads)
             out = await self._sample(p, body, [])
             self.traj.record(p, out.token_ids, out.logprobs, None, self._decode(out.token_ids))
-            return Answer(False, self.model, p.prompt, list(out.token_ids), list(out.logprobs),
+            return Answer(False, self.model, prompt, list(out.token_ids), list(out.logprobs),
                           "stop" if out.finish_reason == "stop" else "length", self._decode, text=out.text,
                           want_logprobs=want)
 
