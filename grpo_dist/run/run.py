@@ -242,23 +242,8 @@ class Run:
             self.save(self._resume_point)
         adapter_dir = checkpoint.save_final(cfg, self.workers.learner, self.out / "adapter")
         self.monitor.check()
-        metrics = self.history[-1] if self.history else {}
-        metrics = {k: v for k, v in metrics.items() if k != "step"}
+        summary = summarize(self, adapter_dir, after)
         watch = self.rollouts.watch
-        memory = self.workers.peak_rss_gib()
-        hosts = self.workers.hosts()
-        summary = write_summary(self.out, self.step, self.wall_seconds(), adapter_dir,
-                                getattr(self.monitor, "wandb_dir", None), metrics, self.history, self.before, after,
-                                reward_failures=watch.report(),
-                                extra={"wall_seconds_this_segment": time.perf_counter() - self._t0,
-                                       "segments": self._segments, "peak_rss_gib": memory, "hosts": hosts,
-                                       "startup": self.startup,
-                                       **({"stopped": self.stopped} if self.stopped else {}),
-                                       **wandb_segments(cfg)})
-        sets = {f"eval/{name}/{k}": v for name, one in summary.get("eval_sets", {}).items() for k, v in one.items()
-                if isinstance(v, (int, float))}  # eval.extra: eval/<set>/sampled_accuracy_before, ...
-        self.monitor.summary({**{k: v for k, v in summary.items() if not isinstance(v, dict)}, **sets,
-                              **{f"hosts/{role}": " ".join(ips) for role, ips in hosts.items()}})
         try:  # no run succeeds in which a reward function failed past reward.max_failure_rate
             self.rollouts.env_watch.check_run()  # ... or its environment / agent raised past rollout.max_env_error_rate
             watch.check_run()
@@ -315,6 +300,25 @@ class Run:
                 pass
             self.workers.kill()
             self.workers = None
+
+
+def summarize(run: Run, adapter_dir: Path, after: dict[str, Any] | None) -> dict[str, Any]:
+    """``summary.json`` of a finished run, and its summary in the monitor (W&B)."""
+    metrics = {k: v for k, v in (run.history[-1] if run.history else {}).items() if k != "step"}
+    hosts = run.workers.hosts()
+    summary = write_summary(run.out, run.step, run.wall_seconds(), adapter_dir,
+                            getattr(run.monitor, "wandb_dir", None), metrics, run.history, run.before, after,
+                            reward_failures=run.rollouts.watch.report(),
+                            extra={"wall_seconds_this_segment": time.perf_counter() - run._t0,
+                                   "segments": run._segments, "peak_rss_gib": run.workers.peak_rss_gib(),
+                                   "hosts": hosts, "startup": run.startup,
+                                   **({"stopped": run.stopped} if run.stopped else {}),
+                                   **wandb_segments(run.cfg)})
+    sets = {f"eval/{name}/{k}": v for name, one in summary.get("eval_sets", {}).items() for k, v in one.items()
+            if isinstance(v, (int, float))}  # eval.extra: eval/<set>/sampled_accuracy_before, ...
+    run.monitor.summary({**{k: v for k, v in summary.items() if not isinstance(v, dict)}, **sets,
+                         **{f"hosts/{role}": " ".join(ips) for role, ips in hosts.items()}})
+    return summary
 
 
 def start_block(cfg: Config, out: Path) -> list[str]:
