@@ -224,3 +224,26 @@ def say_7(base_url: str, row: dict) -> float:
     client = openai.OpenAI(base_url=base_url, api_key="-", max_retries=0)
     client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "say 7"}], max_tokens=4)
     return 1.0
+
+
+RESPONSE_TOOLS = [{"type": "function", "name": "add", "description": "Add two numbers.",
+                   "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}]
+
+
+def responses(base_url: str, row: dict, log: str | None = None) -> float:
+    """The Responses API as the OpenAI Agents SDK calls it: instructions, input, function tools;
+    then the next turn through previous_response_id (a function_call_output for each call, else a
+    user message); then a fresh input (a new segment)."""
+    client = openai.OpenAI(base_url=base_url, api_key="-", max_retries=0)
+    r1 = client.responses.create(model="policy", instructions="You add numbers.", input=str(row["prompt"]),
+                                 tools=RESPONSE_TOOLS, max_output_tokens=6)
+    calls = [it for it in r1.output if it.type == "function_call"]
+    nxt = ([{"type": "function_call_output", "call_id": c.call_id, "output": "7"} for c in calls]
+           or [{"role": "user", "content": "Go on."}])
+    r2 = client.responses.create(model="policy", previous_response_id=r1.id, input=nxt, tools=RESPONSE_TOOLS,
+                                 max_output_tokens=6)
+    r3 = client.responses.create(model="policy", input=[{"role": "user", "content": [
+        {"type": "input_text", "text": "hi"}]}], max_output_tokens=4)
+    _log(log, rs=[[r.status, r.output_text, r.usage.output_tokens, len([i for i in r.output if i.type == "function_call"])]
+                  for r in (r1, r2, r3)])
+    return 1.0

@@ -96,3 +96,32 @@ def test_tool_choice_required_samples_again_and_trains_every_attempt(wired):
         assert attempts == need, (attempts, log)  # a sample per attempt, each in the batch
         assert (req_finish == "tool_calls") == bool(req_calls)
         assert (named_finish == "tool_calls") == bool(named_calls)
+
+
+@pytest.fixture(scope="module")
+def responded(wired, tmp_path_factory):
+    """The same worker, the ``responses`` agent (the Responses API, as the OpenAI Agents SDK calls it)."""
+    from grpo_dist.rollout.agent import AgentRollouts
+
+    _, _, w = wired
+    log = tmp_path_factory.mktemp("responses") / "log.jsonl"
+    w.agent.close()
+    w.agent = AgentRollouts(w.cfg.rollout.model_copy(update={"agent": f"{HELPERS}:responses",
+                                                             "agent_kwargs": {"log": str(log)}}),
+                            Path(str(w.cfg.model.path)).name)
+    groups = w.generate(make_task("add", 1, seed=6, split="eval"), keys=[(2, 1, 0)])
+    return [json.loads(x) for x in log.read_text().splitlines()], [r for g in groups for r in g.rollouts]
+
+
+def test_the_responses_api_samples_records_and_extends_through_previous_response_id(responded):
+    seen, rollouts = responded
+    assert len(seen) == 2 and all(r.stop_reason != "env_error" for r in rollouts), [r.error for r in rollouts]
+    for r in rollouts:
+        samples = _samples(r)
+        assert len(samples) == 3  # three calls, each sampled and recorded
+        # r1 and r2 (previous_response_id) are one segment; r3's fresh input starts another
+        assert len([r] + list(r.segments or [])) == 2
+    assert all(st in ("completed", "incomplete") for log in seen for st, _, _, _ in log["rs"])
+    # usage.output_tokens of every response = the tokens recorded for it
+    assert sorted(n for log in seen for _, _, n, _ in log["rs"]) == sorted(
+        len(ids) for r in rollouts for ids, _ in _samples(r))

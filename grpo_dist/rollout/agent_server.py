@@ -7,8 +7,9 @@ so requests are attributed to it and no other program on the machine reaches it.
 ``tool_choice`` auto, none, required or a named function, ``parallel_tool_calls``,
 ``max_tokens`` / ``max_completion_tokens``, ``stop``, ``logprobs`` / ``top_logprobs``; the
 answer's ``tool_calls`` parsed with ``rollout.tool_parser``), ``POST /completions`` (``prompt`` as
-text or token ids, ``logprobs``) and ``GET /models``; ``stream: true`` answers with server-sent
-events (agent_wire.py).
+text or token ids, ``logprobs``), ``POST /responses`` (the Responses API, translated to a chat
+call: agent_responses.py) and ``GET /models``; ``stream: true`` answers chat and completions
+with server-sent events (agent_wire.py).
 
 ``tool_choice: required`` (or a named function) shows the tools in the prompt (a named one
 alone) and samples again, as a new request of the trajectory, while the answer has no (such) call,
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from grpo_dist.envs.parsers import ToolParser, get_parser
+from grpo_dist.rollout import agent_responses
 from grpo_dist.rollout.agent_segments import AgentRequestError, AgentTrajectory, Pending
 from grpo_dist.rollout.agent_wire import Answer, body as answer_body, chunks, sse
 from grpo_dist.rollout.base import SamplingSpec
@@ -64,6 +66,7 @@ class AgentSession:
     closed: bool = False
     cut: str | None = None  # why the last call (or a refused one) was cut by a limit
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    responses: dict = field(default_factory=dict)  # a /responses answer's id -> its conversation (chat messages)
 
     def _limits(self, body: dict[str, Any], prompt_len: int) -> tuple[int, str]:
         """The call's max_tokens and what bounds it ("length", "budget", "context")."""
@@ -159,6 +162,21 @@ class AgentSession:
                 if choice != "required" or message.get("tool_calls"):
                     break
             return answer
+
+    async def respond(self, body: Any) -> dict[str, Any]:
+        """``POST /responses`` (agent_responses.py): translated to a chat call of this trajectory."""
+        if isinstance(body, dict) and body.get("stream"):
+            raise AgentRequestError("stream on /responses is not supported by the training endpoint yet: send "
+                                    "stream=false (chat and completions stream)", param="stream")
+        prev = body.get("previous_response_id") if isinstance(body, dict) else None
+        if prev is not None and prev not in self.responses:
+            raise AgentRequestError(f"previous_response_id {prev!r} is not a response of this trajectory",
+                                    param="previous_response_id", code="previous_response_not_found")
+        chat = agent_responses.to_chat(body, self.responses.get(prev, []))
+        answer = await self.chat(chat)
+        out = agent_responses.response(answer, body)
+        self.responses[out["id"]] = chat["messages"] + [answer.message]
+        return out
 
     def _message(self, out, parser: ToolParser | None, named: str | None, body: dict[str, Any]):
         """The assistant message of a sample: its text, or the tool calls ``parser`` finds (only
@@ -304,14 +322,16 @@ class AgentServer:
             if (request.method, route) == ("GET", "models"):
                 return self._json({"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
                                                                "owned_by": "grpo_dist"}]})
-            if request.method != "POST" or route not in ("chat/completions", "completions"):
+            if request.method != "POST" or route not in ("chat/completions", "completions", "responses"):
                 raise AgentRequestError(f"no route {request.method} /{route}: a trajectory's base_url serves POST "
-                                        f"/chat/completions, POST /completions and GET /models", status=404,
-                                        code="unknown_route")
+                                        f"/chat/completions, POST /completions, POST /responses and GET /models",
+                                        status=404, code="unknown_route")
             try:
                 body = await request.json()
             except Exception:  # noqa: BLE001 - any undecodable body is the client's error
                 raise AgentRequestError("the request body is not valid JSON") from None
+            if route == "responses":
+                return self._json(await session.respond(body))
             answer = await (session.chat(body) if route == "chat/completions" else session.completion(body))
             if body.get("stream"):
                 return await self._stream(request, answer, bool((body.get("stream_options") or {}).get("include_usage")))
