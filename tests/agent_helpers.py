@@ -244,6 +244,12 @@ def responses(base_url: str, row: dict, log: str | None = None) -> float:
                                  max_output_tokens=6)
     r3 = client.responses.create(model="policy", input=[{"role": "user", "content": [
         {"type": "input_text", "text": "hi"}]}], max_output_tokens=4)
+    kinds, text, r4 = [], "", None  # streamed: the events as the SDK types them
+    for ev in client.responses.create(model="policy", input="Say 7.", tools=RESPONSE_TOOLS, max_output_tokens=6,
+                                      stream=True):
+        kinds.append(ev.type)
+        text += ev.delta if ev.type == "response.output_text.delta" else ""
+        r4 = ev.response if ev.type in ("response.completed", "response.incomplete") else r4
     _log(log, rs=[[r.status, r.output_text, r.usage.output_tokens, len([i for i in r.output if i.type == "function_call"])]
-                  for r in (r1, r2, r3)])
+                  for r in (r1, r2, r3, r4)], streamed=[kinds, text])
     return 1.0

@@ -118,10 +118,15 @@ def test_the_responses_api_samples_records_and_extends_through_previous_response
     assert len(seen) == 2 and all(r.stop_reason != "env_error" for r in rollouts), [r.error for r in rollouts]
     for r in rollouts:
         samples = _samples(r)
-        assert len(samples) == 3  # three calls, each sampled and recorded
-        # r1 and r2 (previous_response_id) are one segment; r3's fresh input starts another
-        assert len([r] + list(r.segments or [])) == 2
+        assert len(samples) == 4  # four calls, each sampled and recorded
+        # r1 and r2 (previous_response_id) are one segment; r3's and r4's fresh inputs start others
+        assert len([r] + list(r.segments or [])) == 3
     assert all(st in ("completed", "incomplete") for log in seen for st, _, _, _ in log["rs"])
+    for log in seen:  # streamed: the API's events in order; the deltas make the completed response's text
+        kinds, text = log["streamed"]
+        assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete")
+        assert kinds.count("response.output_item.added") == kinds.count("response.output_item.done") >= 1
+        assert text == log["rs"][3][1]
     # usage.output_tokens of every response = the tokens recorded for it
     assert sorted(n for log in seen for _, _, n, _ in log["rs"]) == sorted(
         len(ids) for r in rollouts for ids, _ in _samples(r))

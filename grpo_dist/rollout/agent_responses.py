@@ -7,7 +7,8 @@ the chat tools, ``tool_choice`` and ``max_output_tokens`` their chat names; ``pr
 (a response of the same trajectory) puts that response's conversation and output before the
 input. The chat call samples, records and applies the segment rule as for ``/chat/completions``;
 its answer becomes the response's ``output`` items (``message`` with ``output_text``, one
-``function_call`` per call) and ``usage``.
+``function_call`` per call) and ``usage``; ``stream: true`` sends the same response as the API's
+events (:func:`events`: the call is sampled whole, the text and arguments cut into deltas).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any
+from typing import Any, Iterator
 
 from grpo_dist.rollout.agent_segments import AgentRequestError
 from grpo_dist.rollout.agent_wire import Answer
@@ -108,3 +109,48 @@ def response(answer: Answer, body: dict[str, Any]) -> dict[str, Any]:
             "usage": {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
                       "total_tokens": usage["total_tokens"], "input_tokens_details": {"cached_tokens": 0},
                       "output_tokens_details": {"reasoning_tokens": 0}}}
+
+
+ARG_PIECE = 16  # characters of text or arguments per streamed delta
+
+
+def events(resp: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """A response as the Responses API streams it (``stream: true``): created, each output item
+    added, its text or arguments in deltas, done, then completed (the response, whole)."""
+    seq = iter(range(1 << 30))
+
+    def ev(kind: str, **fields) -> dict[str, Any]:
+        return {"type": kind, "sequence_number": next(seq), **fields}
+
+    yield ev("response.created", response={**resp, "status": "in_progress", "output": []})
+    for i, item in enumerate(resp["output"]):
+        if item["type"] == "message":
+            text = item["content"][0]["text"]
+            part = {"type": "output_text", "text": "", "annotations": []}
+            yield ev("response.output_item.added", output_index=i,
+                     item={**item, "status": "in_progress", "content": []})
+            yield ev("response.content_part.added", item_id=item["id"], output_index=i, content_index=0, part=part)
+            for k in range(0, len(text), ARG_PIECE):
+                yield ev("response.output_text.delta", item_id=item["id"], output_index=i, content_index=0,
+                         delta=text[k:k + ARG_PIECE], logprobs=[])
+            yield ev("response.output_text.done", item_id=item["id"], output_index=i, content_index=0, text=text,
+                     logprobs=[])
+            yield ev("response.content_part.done", item_id=item["id"], output_index=i, content_index=0,
+                     part={**part, "text": text})
+        else:
+            args = item["arguments"]
+            yield ev("response.output_item.added", output_index=i,
+                     item={**item, "status": "in_progress", "arguments": ""})
+            for k in range(0, len(args), ARG_PIECE):
+                yield ev("response.function_call_arguments.delta", item_id=item["id"], output_index=i,
+                         delta=args[k:k + ARG_PIECE])
+            yield ev("response.function_call_arguments.done", item_id=item["id"], output_index=i, arguments=args,
+                     name=item["name"])
+        yield ev("response.output_item.done", output_index=i, item=item)
+    yield ev("response.incomplete" if resp["status"] == "incomplete" else "response.completed", response=resp)
+
+
+def sse(evs: Iterator[dict[str, Any]]) -> Iterator[bytes]:
+    """Server-sent events with their ``event:`` names (the Responses API sends no ``[DONE]``)."""
+    for e in evs:
+        yield f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode()

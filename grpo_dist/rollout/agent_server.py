@@ -8,8 +8,8 @@ so requests are attributed to it and no other program on the machine reaches it.
 ``max_tokens`` / ``max_completion_tokens``, ``stop``, ``logprobs`` / ``top_logprobs``; the
 answer's ``tool_calls`` parsed with ``rollout.tool_parser``), ``POST /completions`` (``prompt`` as
 text or token ids, ``logprobs``), ``POST /responses`` (the Responses API, translated to a chat
-call: agent_responses.py) and ``GET /models``; ``stream: true`` answers chat and completions
-with server-sent events (agent_wire.py).
+call: agent_responses.py) and ``GET /models``; ``stream: true`` answers with server-sent events
+(agent_wire.py, agent_responses.py).
 
 ``tool_choice: required`` (or a named function) shows the tools in the prompt (a named one
 alone) and samples again, as a new request of the trajectory, while the answer has no (such) call,
@@ -165,9 +165,6 @@ class AgentSession:
 
     async def respond(self, body: Any) -> dict[str, Any]:
         """``POST /responses`` (agent_responses.py): translated to a chat call of this trajectory."""
-        if isinstance(body, dict) and body.get("stream"):
-            raise AgentRequestError("stream on /responses is not supported by the training endpoint yet: send "
-                                    "stream=false (chat and completions stream)", param="stream")
         prev = body.get("previous_response_id") if isinstance(body, dict) else None
         if prev is not None and prev not in self.responses:
             raise AgentRequestError(f"previous_response_id {prev!r} is not a response of this trajectory",
@@ -331,10 +328,14 @@ class AgentServer:
             except Exception:  # noqa: BLE001 - any undecodable body is the client's error
                 raise AgentRequestError("the request body is not valid JSON") from None
             if route == "responses":
-                return self._json(await session.respond(body))
+                resp = await session.respond(body)
+                if body.get("stream"):
+                    return await self._stream(request, agent_responses.sse(agent_responses.events(resp)))
+                return self._json(resp)
             answer = await (session.chat(body) if route == "chat/completions" else session.completion(body))
             if body.get("stream"):
-                return await self._stream(request, answer, bool((body.get("stream_options") or {}).get("include_usage")))
+                return await self._stream(request, sse(chunks(answer, bool((body.get("stream_options") or {})
+                                                                       .get("include_usage")))))
             return self._json(answer_body(answer))
         except AgentRequestError as e:
             return self._json(error_body(str(e), e.status, e.param, e.code), e.status)
@@ -344,12 +345,12 @@ class AgentServer:
 
 
     @staticmethod
-    async def _stream(request, answer: Answer, include_usage: bool):
+    async def _stream(request, events):
         from aiohttp import web
 
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        for event in sse(chunks(answer, include_usage)):
+        for event in events:
             await resp.write(event)
         await resp.write_eof()
         return resp
