@@ -6,6 +6,7 @@ not available offline)."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -55,3 +56,22 @@ def make_bpe_model(out: Path, vocab_size: int = 1024, seed: int = 0) -> Path:
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+@contextlib.contextmanager
+def agent_worker(tmp: Path, agent: str, max_turns: int):
+    """A rollout worker on the transformers backend over this BPE model, running ``agent`` (a
+    ``file:function`` of tests/agent_helpers.py, logging to ``tmp/log.jsonl``); closed afterwards."""
+    from grpo_dist.config import load_config
+    from grpo_dist.rollout.worker import RolloutWorker
+
+    cfg = load_config(None, {"model": {"path": str(make_bpe_model(tmp / "model")), "max_model_len": 1024},
+                             "lora": {"enabled": False},
+                             "rollout": {"backend": "hf", "group_size": 2, "max_tokens": 8, "max_turns": max_turns,
+                                         "agent": agent, "agent_kwargs": {"log": str(tmp / "log.jsonl")}}})
+    w = RolloutWorker(cfg)
+    w.setup()
+    try:
+        yield w
+    finally:
+        w.close()

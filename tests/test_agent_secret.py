@@ -24,8 +24,7 @@ from pathlib import Path
 import pytest
 
 from agent_attacker import NEVER, ROOTS, attempt, not_refused, same_answer
-from bpe_model import make_bpe_model
-from grpo_dist.config import load_config
+from bpe_model import agent_worker
 from grpo_dist.data import make_task
 
 HELPERS = Path(__file__).parent / "agent_helpers.py"
@@ -35,17 +34,9 @@ PAYLOAD = "INJECTED-BY-ANOTHER-PROCESS"
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory):
     """One worker call of the ``probe`` agent (2 records x 2 trajectories): its log, its rollouts."""
-    from grpo_dist.rollout.worker import RolloutWorker
-
     tmp = tmp_path_factory.mktemp("secret")
     log = tmp / "log.jsonl"
-    cfg = load_config(None, {"model": {"path": str(make_bpe_model(tmp / "model")), "max_model_len": 1024},
-                             "lora": {"enabled": False},
-                             "rollout": {"backend": "hf", "group_size": 2, "max_tokens": 8, "max_turns": 4,
-                                         "agent": f"{HELPERS}:probe", "agent_kwargs": {"log": str(log)}}})
-    w = RolloutWorker(cfg)
-    w.setup()
-    try:
+    with agent_worker(tmp, f"{HELPERS}:probe", max_turns=4) as w:
         groups = w.generate(make_task("add", 2, seed=5, split="eval"), keys=[(1, 1, i) for i in range(2)])
         port = urllib.parse.urlsplit(json.loads(log.read_text().splitlines()[0])["base_url"]).port
         never = attempt(port, "GET", f"/t/{NEVER}/v1/models", "")
@@ -55,8 +46,6 @@ def probed(tmp_path_factory):
             rec = json.loads(line)
             seen.setdefault(rec["base_url"], {}).update(rec)
         yield list(seen.values()), rollouts, never, trained_text(w.engine.tokenizer, rollouts)
-    finally:
-        w.close()
 
 
 def trained_text(tok, rollouts) -> str:

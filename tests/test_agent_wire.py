@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bpe_model import make_bpe_model
-from grpo_dist.config import load_config
+from bpe_model import agent_worker
 from grpo_dist.data import make_task
 from grpo_dist.rollout.agent_server import TOOL_RETRIES
 
@@ -27,21 +26,11 @@ HELPERS = Path(__file__).parent / "agent_helpers.py"
 
 @pytest.fixture(scope="module")
 def wired(tmp_path_factory):
-    from grpo_dist.rollout.worker import RolloutWorker
-
     tmp = tmp_path_factory.mktemp("wire")
     log = tmp / "log.jsonl"
-    cfg = load_config(None, {"model": {"path": str(make_bpe_model(tmp / "model")), "max_model_len": 1024},
-                             "lora": {"enabled": False},
-                             "rollout": {"backend": "hf", "group_size": 2, "max_tokens": 8, "max_turns": 12,
-                                         "agent": f"{HELPERS}:wire", "agent_kwargs": {"log": str(log)}}})
-    w = RolloutWorker(cfg)
-    w.setup()
-    try:
+    with agent_worker(tmp, f"{HELPERS}:wire", max_turns=12) as w:
         groups = w.generate(make_task("add", 1, seed=5, split="eval"), keys=[(1, 1, 0)])
         yield [json.loads(x) for x in log.read_text().splitlines()], [r for g in groups for r in g.rollouts], w
-    finally:
-        w.close()
 
 
 def _samples(r):

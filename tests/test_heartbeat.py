@@ -274,14 +274,8 @@ def test_a_rank_failing_on_a_lost_peer_names_the_peer(ray_cluster):
         g.kill()
 
 
-class Busy2:
+class Busy2(Peer):
     """A rollout or reward actor: ``work`` raises on rank 0 (a bug), keeps rank 1 busy."""
-
-    def __init__(self, rank: int):
-        self.rank = rank
-
-    def pid(self) -> int:
-        return os.getpid()
 
     def work(self, fail_after: float) -> int:
         time.sleep(fail_after if self.rank == 0 else 30)

@@ -5,6 +5,7 @@ the filter with the directories in view), so losing one shows."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -105,33 +106,38 @@ def assert_refused(out: str) -> None:
                 and ln != "pair SEQPACKET sent"], out
 
 
-def _listen_dir(parent: str) -> str:
+@contextlib.contextmanager
+def listening(where: str):
+    """A :class:`Listener` under /tmp or /run (in a directory of its own, ``.dir``), or on an
+    abstract name; closed and removed afterwards."""
+    d = None
+    if where == "abstract":
+        addr = f"\0grpo-sandbox-test-{os.getpid()}"
+    else:
+        try:
+            d = tempfile.mkdtemp(prefix="grpo-sock-", dir=f"/{where}")
+        except OSError as e:
+            pytest.skip(f"cannot make a directory in /{where}: {e}")
+        addr = os.path.join(d, "s")
+    lis = Listener(addr)
+    lis.dir = d
     try:
-        return tempfile.mkdtemp(prefix="grpo-sock-", dir=parent)
-    except OSError as e:
-        pytest.skip(f"cannot make a directory in {parent}: {e}")
+        yield lis
+    finally:
+        lis.close()
+        if d:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.skipif(not ISO["seccomp"], reason="no seccomp filters here: the sandbox refuses to run code")
 @pytest.mark.parametrize("where", ["tmp", "run", "abstract"])
 def test_code_cannot_reach_a_unix_socket_outside(where):
-    d = None
-    if where == "abstract":
-        addr = f"\0grpo-sandbox-test-{os.getpid()}"
-    else:
-        d = _listen_dir("/tmp" if where == "tmp" else "/run")
-        addr = os.path.join(d, "s")
-    lis = Listener(addr)
-    try:
+    with listening(where) as lis:
         # the listener is reachable from outside the sandbox: the door is real
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         probe.connect(lis.addrs["STREAM"])
         probe.close()
         outs = [run(run_python(attack(a))) for a in lis.addrs.values()]
-    finally:
-        lis.close()
-        if d:
-            shutil.rmtree(d, ignore_errors=True)
     for r in outs:
         assert r.returncode == 0, r.text()
         assert_refused(r.stdout)
@@ -157,15 +163,10 @@ def _stub(conf_extra: dict, code: str, namespaces: bool) -> subprocess.Completed
 
 @pytest.mark.skipif(not ISO["dir_tmpfs"], reason="no mount namespace here")
 def test_the_hidden_directories_alone_keep_host_sockets_out_of_sight():
-    d = _listen_dir("/tmp")
-    lis = Listener(os.path.join(d, "s"))
-    try:
-        code = (f"import os, sys\nprint(os.path.exists({d!r}), sorted(os.listdir('/run')), os.listdir('.'))\n"
+    with listening("tmp") as lis:
+        code = (f"import os, sys\nprint(os.path.exists({lis.dir!r}), sorted(os.listdir('/run')), os.listdir('.'))\n"
                 + attack(lis.addrs["STREAM"]))
         r = _stub({"hide_dirs": sandbox.socket_dirs()}, code, namespaces=True)
-    finally:
-        lis.close()
-        shutil.rmtree(d, ignore_errors=True)
     assert r.returncode == 0, r.stderr
     first, rest = r.stdout.split("\n", 1)
     assert first == "False [] ['main.py']"  # /tmp and /run are empty; its own directory is there
@@ -176,16 +177,11 @@ def test_the_hidden_directories_alone_keep_host_sockets_out_of_sight():
 
 @pytest.mark.skipif(not ISO["seccomp"], reason="no seccomp filters here")
 def test_the_filter_alone_refuses_sockets_in_plain_view():
-    d = _listen_dir("/tmp")
-    lis = Listener(os.path.join(d, "s"))
-    try:
+    with listening("tmp") as lis:
         code = (f"import os, socket\nprint(os.path.exists({lis.addrs['STREAM']!r}))\n"
                 "a, b = socket.socketpair()\na.sendall(b'pair ok')\nprint(b.recv(16).decode())\n"
                 + attack(lis.addrs["DGRAM"]))
         r = _stub({"seccomp": True}, code, namespaces=False)
-    finally:
-        lis.close()
-        shutil.rmtree(d, ignore_errors=True)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[:2] == ["True", "pair ok"]  # in view, and a connected stream pair still works
