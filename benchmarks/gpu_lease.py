@@ -79,7 +79,7 @@ class Row:
 # (rollout.enforce_eager null -> false), LoRA is served by vLLM's LoRA kernels (adapter_mode auto -> lora,
 # max_lora_rank the adapter's rank, max_loras 1).
 LEARNER_FAST = ["--learner.packing", "group", "--learner.gradient_checkpointing", "false"]
-LONG_STEP = ["--rollout.max_tokens", "512", "--model.max_model_len", "640", "--learner.micro_batch_size", "128"]
+LONG_STEP = ["--rollout.max_tokens", "512", "--model.max_model_len", "640", "--learner.micro_batch_size", "32"]
 PLANS: dict[str, list[Row]] = {  # one setting per row: gpu_e2e writes its table when all its runs are done
     # Qwen2-0.5B's shape (random weights, built there): no model to send, so the lease's first call has the most time
     # Measured on an H200 (2026-11-27): a row's start-up is 110-145 s, a cold LoRA engine's over 160 s (vLLM
@@ -102,6 +102,18 @@ PLANS: dict[str, list[Row]] = {  # one setting per row: gpu_e2e writes its table
         Row("lora_smollm2", ["--models", "smollm2", "--settings", "lora", "--steps", "4"], 200),
         Row("trl_smollm2", ["--models", "smollm2", "--settings", "colocated", "--steps", "4"], 420, trl=True),
         Row("collective_qwen2", ["--models", "qwen2-0.5b", "--settings", "collective", "--steps", "4"], 200),
+    ],
+    # the 2026-11-27 lease's open targets on a fresh machine: the colocated sync (killed in its start-up then),
+    # then MFU on 4x the tokens per step (cold LoRA engine); `warm` right after, while the machine is up, for the
+    # warm start-up (the same row again, vLLM's compile caches kept)
+    "third": [
+        Row("colocated_qwen2", ["--models", "qwen2-0.5b", "--settings", "colocated", "--steps", "4"], 220),
+        Row("mfu_long_qwen2", ["--models", "qwen2-0.5b", "--settings", "lora", "--steps", "3", *LEARNER_FAST,
+                               *LONG_STEP], 290),
+    ],
+    "warm": [
+        Row("warm_long_qwen2", ["--models", "qwen2-0.5b", "--settings", "lora", "--steps", "3", *LEARNER_FAST,
+                                *LONG_STEP], 220),
     ],
     "dry": [Row("dry_run", ["--dry-run"], 1500)],  # 150-320 s on 2 cores, more under load
 }
@@ -334,7 +346,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     g = sub.add_parser("run", help="GPU machine: install once, convert SmolLM2 once, the plan's rows")
     g.add_argument("--out", required=True, help="results folder (lease.json, rows/, logs/, runs/)")
     g.add_argument("--work", help="rows' JSON, logs and runs (default: --out); lease.json keeps each log's tail")
-    g.add_argument("--plan", choices=["first", "spare"], default="first")
+    g.add_argument("--plan", choices=[p for p in PLANS if p != "dry"], default="first")
     g.add_argument("--budget-s", type=float, default=540.0, help="the command ends within this (default 540)")
     g.add_argument("--dry-run", action="store_true", help="CPU rehearsal: no install, gpu_e2e's dry run")
     g.add_argument("--stage-to", default=STAGE_TO)
