@@ -19,7 +19,7 @@ from grpo_dist.types import PromptRecord, TrainBatch
 
 pytestmark = pytest.mark.slow
 IM_END = 2
-# |vLLM - learner| per-token log-prob, fp32 both sides (measured max on this model: see NOTES.md)
+# |vLLM - learner| per-token log-prob, fp32 both sides (measured max on this model: see benchmarks/NOTES.md)
 LOGPROB_TOL = 2e-2
 
 
