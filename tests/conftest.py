@@ -13,6 +13,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests import their shared help
 
 from grpo_dist.util.procenv import setup_env
 
+pytest_plugins = ("budget_plugin",)  # each test's time budget; the ten slowest printed at the end
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network: local models and datasets only
 setup_env()
 os.environ.setdefault("WANDB_MODE", "offline")

@@ -26,8 +26,8 @@ def _lease():
 
 @pytest.mark.slow
 def test_dry_run_fills_every_setting_and_column_under_the_lease(tmp_path):
-    """The rehearsal: every setting (colocated, disaggregated, LoRA, full weights over the collective)
-    on the tiny Llama, the collective on the tiny Qwen2, as gpu_e2e's dry run, run by the lease: finite
+    """The rehearsal: the GPU-specific settings (colocated and LoRA on the tiny Llama, full weights over the
+    collective on the tiny Qwen2), as gpu_e2e's dry run, run by the lease: finite
     numbers in every column that applies (start-up included), each row naming what the dry run
     substituted, vLLM vs learner log-probs within the tolerance; lease.json with the stages, the row
     and every target (none measured on CPU)."""
@@ -41,11 +41,11 @@ def test_dry_run_fills_every_setting_and_column_under_the_lease(tmp_path):
     [row] = lease["rows"]
     assert row["status"] == "done" and row["wall_s"] > 0 and (out / row["log"]).is_file()
     doc = row["table"]
-    _check_table(doc, {"colocated", "disagg", "lora", "collective"}, {"smollm2", "qwen2-0.5b"})
+    _check_table(doc, {"colocated", "lora", "collective"}, {"smollm2", "qwen2-0.5b"})
     assert doc["dry_run"] and doc["logprob_tol"] == 1e-3
     assert all(r["substituted"] and r["model_run"] in ("tiny", "tiny-qwen2") for r in doc["rows"])
     assert all(r["logprob_diff_max"] <= 1e-3 for r in doc["rows"])
-    assert {r["model_run"] for r in doc["rows"] if r["setting"] == "collective"} == {"tiny", "tiny-qwen2"}
+    assert {r["model_run"] for r in doc["rows"] if r["setting"] == "collective"} == {"tiny-qwen2"}
     # the engine never sleeps on CPU: sleep and wake are not applicable anywhere in the dry run
     assert all(r["not_applicable"] == ["sleep", "wake"] + (["sync_publish", "sync_transfer"] if r["setting"] ==
                                                            "collective" else []) for r in doc["rows"])
