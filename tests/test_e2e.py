@@ -75,6 +75,12 @@ def test_workers_are_live_ray_actors(run):
     pids = {i["pid"] for i in infos}
     assert len(pids) == 4, "every worker is its own process"
     assert all(ray.get([a.health.remote() for a in w.rollout.actors])[i]["ready"] for i in range(2))
+    # a reward actor's process imports the reward worker, not the learner's and engines' stack (run/reward_actor.py)
+    from grpo_dist.testing import imported
+
+    heavy = ("torch", "vllm", "deepspeed", "peft")
+    assert ray.get(w.reward.actors[0].debug_call.remote(imported, heavy)) == []
+    assert ray.get(w.learner.actors[0].debug_call.remote(imported, heavy))[:1] == ["torch"]  # the check sees imports
 
 
 def test_adapter_version_advances_every_step(run):

@@ -17,9 +17,9 @@ from grpo_dist.cluster.ray_utils import ActorGroup
 from grpo_dist.config import Config
 from grpo_dist.devices import torch_threads
 from grpo_dist.learner import Learner
-from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.rollout.stream_worker import StreamingRolloutWorker
 from grpo_dist.rollout.worker import RolloutWorker
+from grpo_dist.run.reward_actor import RewardActor
 
 log = logging.getLogger("grpo_dist.cluster")
 
@@ -30,10 +30,6 @@ class RolloutActor(Placed, RolloutWorker):
 
 class StreamingRolloutActor(Placed, StreamingRolloutWorker):
     """An async actor (``rollout.streaming``): one engine, many groups in flight."""
-
-
-class RewardActor(Placed, RewardWorker):
-    pass
 
 
 class LearnerActor(Placed, Learner):
