@@ -60,9 +60,9 @@ def _write_shaped(model: str, out: str) -> None:
     os.rename(tmp, out)
 
 
-def loaded_bytes(path: str, lora: bool) -> int:
-    """Bytes of float32 weights an engine loads per sync: all of them (full weights), or the
-    weights of the LoRA target projections (merged serving reloads exactly those)."""
+def loaded_bytes(path: str, lora: bool, itemsize: int = 4) -> int:
+    """Bytes of weights (``itemsize`` each: float32) an engine loads per sync: all of them (full
+    weights), or the weights of the LoRA target projections (merged serving reloads those)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -71,7 +71,7 @@ def loaded_bytes(path: str, lora: bool) -> int:
     named = dict(m.named_parameters())  # tied embeddings counted once
     if lora:
         named = {k: v for k, v in named.items() if k.endswith(".weight") and k.split(".")[-2] in LORA_TARGETS}
-    return sum(v.numel() for v in named.values()) * 4
+    return sum(v.numel() for v in named.values()) * itemsize
 
 
 def _best(fn, reps: int) -> float:

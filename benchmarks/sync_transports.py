@@ -106,7 +106,19 @@ class Peaks:
         return extra[0], max(extra[1:])
 
 
-def config(model: str, transport: str, engines: int, tmp: str, lora: bool = False):
+def gpu_sections(gpus: int, engines: int, transport: str) -> dict:
+    """``--gpus N``: the learner on one GPU, the engines on the rest (one GPU: shared by fractions;
+    NCCL refuses two ranks on one GPU, so the collective is gloo there). Written, not run."""
+    if gpus <= 0:
+        return {}
+    one = gpus == 1
+    return {"cluster": {"learner_gpus": 0.5 if one else 1, "rollout_gpus": round(0.5 / engines, 3) if one else
+                        max(1, (gpus - 1) // engines), "layout": "disaggregated"},
+            **({"sync": {"collective_backend": "gloo"}} if one and transport.startswith("collective") else {}),
+            "rollout": {"gpu_memory_utilization": round(0.4 / engines, 3) if one else 0.8}}
+
+
+def config(model: str, transport: str, engines: int, tmp: str, lora: bool = False, gpus: int = 0):
     from grpo_dist.config import load_config
 
     path, make = model_dir(model, PROJECT_CACHE)
@@ -122,19 +134,24 @@ def config(model: str, transport: str, engines: int, tmp: str, lora: bool = Fals
         "cluster": {"shared_dir": shared},
         "trainer": {"steps": 1, "eval_before_after": False, "eval_every": 0},
         "checkpoint": {"every": 0},
+        "algo": {"beta": 0.0},  # no reference copy of the weights: memory for the larger shapes (sync alone is timed)
         "logging": {"wandb_mode": "disabled", "progress": False, "sample_table_every": 0},
     }
+    for key, section in gpu_sections(gpus, engines, transport).items():
+        over[key] = {**over.get(key, {}), **section}
+    if gpus:
+        over["model"]["dtype"] = "bfloat16"
     return load_config(os.path.join(ROOT, "configs", "tiny_cpu.yaml"), over)
 
 
 PHASES = ("publish", "transfer", "merge", "write", "load")  # timing/sync_<phase>, the best sync's
 
 
-def measure(model: str, transport: str, engines: int, reps: int, lora: bool = False) -> dict:
+def measure(model: str, transport: str, engines: int, reps: int, lora: bool = False, gpus: int = 0) -> dict:
     from grpo_dist.run.run import Run
 
     with tempfile.TemporaryDirectory(prefix="grpo_sync_bench_") as tmp:
-        cfg = config(model, transport, engines, tmp, lora)
+        cfg = config(model, transport, engines, tmp, lora, gpus)
         run = Run(cfg)
         try:
             run.start()
@@ -156,7 +173,7 @@ def measure(model: str, transport: str, engines: int, reps: int, lora: bool = Fa
     best = pushes[secs.index(min(secs))]
     return {"model": model, "kind": "lora r16 merged" if lora else "full", "transport": transport,
             "engines": engines, "params": info.get("total_params"), "mib": best.get("sync/bytes", 0) / 2**20,
-            "loaded_mib": loaded_bytes(cfg.model.path, lora) / 2**20, "s_per_sync": statistics.mean(secs),
+            "loaded_mib": loaded_bytes(cfg.model.path, lora, 2 if gpus else 4) / 2**20, "s_per_sync": statistics.mean(secs),
             "s_min": min(secs), "learner_peak_mib": max(learner_peaks) / 2**20,
             "engine_peak_mib": max(engine_peaks) / 2**20, "buckets": best.get("sync/buckets"),
             **{p: best.get(f"timing/sync_{p}") for p in PHASES}}
@@ -189,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--transports", default="collective,object_store,filesystem")
     ap.add_argument("--engines", default="2", help="engine counts, comma-separated")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--gpus", type=int, default=0, help="GPUs of this machine to use (bfloat16; written, not run)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--retries", type=int, default=2, help="runs started again after the node ran out of memory")
     args = ap.parse_args(argv)
@@ -202,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                     t0 = time.perf_counter()
                     for attempt in range(args.retries + 1):  # a shared machine: the node may run out of memory
                         try:
-                            rows.append(measure(model, transport, engines, args.reps, kind == "lora"))
+                            rows.append(measure(model, transport, engines, args.reps, kind == "lora", args.gpus))
                             break
                         except Exception as e:
                             if attempt == args.retries or "OutOfMemoryError" not in str(e):
