@@ -233,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     from grpo_dist.cluster.ray_utils import shutdown_ray
 
     shutdown_ray()
+    again = copy_bandwidth()  # a shared machine: the best of the start's and the end's
+    print("copy bandwidth at the end: " + ", ".join(f"{k} {v / 1e9:.1f} GB/s" for k, v in again.items()), flush=True)
+    bw = {k: max(v, again.get(k, 0.0)) for k, v in bw.items()}
     print(f"\nCPU: {cpu_line()}; copy bandwidth: " + ", ".join(f"{k} {v / 1e9:.1f} GB/s" for k, v in bw.items())
           + "\n")
     print(table(rows, bw["host"]))
