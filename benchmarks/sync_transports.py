@@ -129,7 +129,8 @@ def config(model: str, transport: str, engines: int, tmp: str, lora: bool = Fals
         "model": {"path": path, "make_if_missing": make, "max_model_len": 64 if model == "tiny" else 128},
         "lora": ({"enabled": True, "r": 16, "alpha": 32, "target_modules": list(LORA_TARGETS)} if lora
                  else {"enabled": False}),
-        "rollout": {"backend": "vllm", "num_workers": engines, **({"adapter_mode": "merged"} if lora else {})},
+        "rollout": {"backend": "vllm", "num_workers": engines, "cpu_kvcache_gb": 0.25,  # memory: no generation here
+                    **({"adapter_mode": "merged"} if lora else {})},
         "sync": {"transport": name, **({"bucket_mb": float(bucket)} if bucket else {})},
         "cluster": {"shared_dir": shared},
         "trainer": {"steps": 1, "eval_before_after": False, "eval_every": 0},
