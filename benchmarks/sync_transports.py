@@ -224,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
                             rows.append(measure(model, transport, engines, args.reps, kind == "lora", args.gpus))
                             break
                         except Exception as e:
-                            if attempt == args.retries or "OutOfMemoryError" not in str(e):
+                            oom = "OutOfMemoryError" in f"{type(e).__name__} {e}" or "low on memory" in str(e)
+                            if attempt == args.retries or not oom:
                                 raise
                             print(f"{model} {transport}: {str(e)[:120]}...; again in 60 s", flush=True)
                             time.sleep(60)
