@@ -20,7 +20,7 @@ import e2e
 from test_presets import direct_loss
 from grpo_dist.config.presets import PRESETS
 from grpo_dist.testing.learner import loss_inputs, set_lr
-from grpo_dist.testing.rollout import hang_next_generate
+from grpo_dist.testing.rollout import hang_next_generate, stored_versions
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,8 +153,10 @@ def test_async_rollouts_overlap_the_update_and_correct_with_the_behaviour_logpro
 
 def test_full_finetuning_through_vllm_reload_weights(ray_cluster, pretrained_model_dir, tmp_path):
     """lora.enabled: false end to end: the learner trains every weight, each sync carries the whole
-    model and the vLLM workers load it with reload_weights; afterwards vLLM samples from the trained
-    weights (its log-probs match the learner's, which moved away from the base model's)."""
+    model (zero-copy through the object store) and the vLLM workers load it in place, no file
+    written; afterwards vLLM samples from the trained weights (its log-probs match the learner's,
+    which moved away from the base model's). A replaced engine that joins mid-run loads the newest
+    version the same way before it generates."""
     import ray
     from transformers import AutoModelForCausalLM
 
@@ -162,7 +164,8 @@ def test_full_finetuning_through_vllm_reload_weights(ray_cluster, pretrained_mod
     from grpo_dist.types import TrainBatch
 
     trainer = run_trainer(pretrained_model_dir, tmp_path, {
-        "lora": {"enabled": False}, "rollout": {"backend": "vllm"}, "learner": {"lr": 5e-3, "warmup_steps": 0}})
+        "lora": {"enabled": False}, "rollout": {"backend": "vllm"}, "learner": {"lr": 5e-3, "warmup_steps": 0},
+        "cluster": {"max_restarts": 1}})
     try:
         w, h = trainer.workers, trainer.history
         assert [x["sync/version"] for x in h] == [1.0, 2.0]
@@ -188,6 +191,14 @@ def test_full_finetuning_through_vllm_reload_weights(ray_cluster, pretrained_mod
                 to_base += [abs(a - b) for a, b in zip(r.logprobs, base_lp)]
         print(f"vLLM vs learner max {max(to_learner):.2e}, vLLM vs base max {max(to_base):.2e}")
         assert max(to_learner) < 1e-3 and max(to_base) > 1e-2
+        assert ray.get(w.rollout.actors[0].debug_call.remote(stored_versions)) == ([], [])  # in place: no files
+
+        old = w.rollout.actors[0]
+        ray.kill(old, no_restart=True)  # replaced at the next dispatch; it loads version 2 before it generates
+        m = e2e.more_steps(trainer)
+        assert m["cluster/restarts"] == 1 and w.rollout.actors[0] is not old and m["sync/version"] == 3.0
+        assert m["train/logprob_diff_behaviour_max"] < 1e-3  # the new engine sampled from version 2's weights
+        assert ray.get(w.rollout.actors[0].debug_call.remote(stored_versions)) == ([], [])
     finally:
         trainer.close()
 

@@ -170,6 +170,11 @@ def cpu_copies(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Ten
     return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in named}
 
 
+def cpu_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Detached, contiguous CPU tensors: the same memory where they already are (no copy)."""
+    return {k: v.detach().to("cpu").contiguous() for k, v in named}
+
+
 def strip_prefixes(name: str, prefixes: tuple[str, ...] = ("module.", "_orig_mod.")) -> str:
     changed = True
     while changed:

@@ -22,7 +22,7 @@ from grpo_dist.types import AdapterUpdate
 from grpo_dist.util.files import read_tree, write_tree
 
 from .model import PolicyModel
-from .state import barrier, cpu_copies, json_safe, strip_prefixes
+from .state import barrier, cpu_copies, cpu_tensors, json_safe, strip_prefixes
 
 _STATE_KEY = "grpo_dist_learner"
 RNG_DIR = "learner_rng"  # rank r's torch RNG: <checkpoint>/learner_rng/rank<r>.pt
@@ -35,19 +35,22 @@ class WeightsIO:
         self._transport = None  # sync.transport, made on the first publish_update
 
     # ------------------------------------------------------------------ weights out
-    def export_update(self) -> Optional[AdapterUpdate]:
-        """Current weights for the rollout workers (call on every rank; rank 0 returns them)."""
+    def export_update(self, copy: bool = True) -> Optional[AdapterUpdate]:
+        """Current weights for the rollout workers (call on every rank; rank 0 returns them).
+        ``copy`` False: the learner's own CPU tensors where they are whole (below ZeRO-3), for a
+        caller that is done with them before the next update (a transport's publish)."""
         p = self.policy
         module = p.module
+        copies = cpu_copies if copy or self.cfg.learner.zero_stage == 3 else cpu_tensors
         if self.cfg.lora.enabled:
             from peft import get_peft_model_state_dict
 
             with p.gathered(p.trainable()):
-                tensors = cpu_copies(get_peft_model_state_dict(module).items()) if self.rank == 0 else None
+                tensors = copies(get_peft_model_state_dict(module).items()) if self.rank == 0 else None
             peft_config = json_safe(module.peft_config["default"].to_dict())
         else:
             with p.gathered(list(module.parameters())):
-                tensors = (cpu_copies((strip_prefixes(k), v) for k, v in module.state_dict().items())
+                tensors = (copies((strip_prefixes(k), v) for k, v in module.state_dict().items())
                            if self.rank == 0 else None)
             peft_config = None
         if self.rank != 0:
@@ -58,13 +61,15 @@ class WeightsIO:
         """``export_update`` handed to the configured transport (``sync.transport``): the
         ``AdapterUpdate`` itself for the object store, a file path for the shared filesystem.
         Call on every rank; rank 0 returns the payload for ``RolloutWorker.load_update``."""
-        update = self.export_update()
-        if update is None:
-            return None
         if self._transport is None:
             from grpo_dist.sync import make_transport
 
             self._transport = make_transport(self.cfg)
+        # published from the learner's own tensors: the object store copies them in as this call
+        # returns (zero_copy.ArrayState), the filesystem transport writes them before it returns
+        update = self.export_update(copy=False)
+        if update is None:
+            return None
         return self._transport.publish(update)
 
     def save_adapter(self, out_dir: str | os.PathLike) -> None:

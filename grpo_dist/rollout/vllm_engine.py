@@ -236,8 +236,9 @@ class VLLMGenerator(Generator):
             if self._owner is not None:
                 self._owner.stop()
             raise
-        # the engine's worker is in this process and has grpo_load_state: a state is passed by reference
-        self.loads_in_memory = in_process and kwargs.get("worker_extension_cls") == LOAD_EXTENSION
+        # the engine's worker has grpo_load_state: a state is passed by reference (in this process) or
+        # as shared-memory handles (CUDA IPC on GPUs; an engine core in a process of its own)
+        self.loads_in_memory = kwargs.get("worker_extension_cls") == LOAD_EXTENSION
         self.tokenizer = self.llm.get_tokenizer()
         _tick_each_step(self.llm, progress_of(self))
         self._lora = None  # the LoRARequest being served
@@ -300,9 +301,18 @@ class VLLMGenerator(Generator):
 
     @_owned
     def load_state(self, tensors) -> None:
+        """Load ``(name, tensor)`` pairs in place: by reference where the engine core is in this
+        process, else as shared-memory handles (``sync.zero_copy.share``: the payload itself never
+        crosses vLLM's RPC)."""
         if not self.loads_in_memory:
             super().load_state(tensors)
-        self.llm.collective_rpc("grpo_load_state", args=(tensors,))
+        if self.in_process:
+            self.llm.collective_rpc("grpo_load_state", args=(tensors,))
+        else:
+            from grpo_dist.sync.zero_copy import share
+
+            handles = share(tensors)  # the tensors stay alive here until the engine answered
+            self.llm.collective_rpc("grpo_load_shared", args=(handles,))
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:

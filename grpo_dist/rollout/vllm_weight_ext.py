@@ -62,7 +62,7 @@ class WeightGroupExtension:
         the bytes, the seconds (receiving included), the adapter check's seconds (LoRA: each
         weight is merged as the reload takes it, inside the load) and this process's extra peak
         memory."""
-        from grpo_dist.sync.buckets import receive_header, unpack
+        from grpo_dist.sync.buckets import prefetched, receive_header, unpack
         from grpo_dist.util.memory import PeakMemory
 
         if self._grpo_group is None:
@@ -75,7 +75,7 @@ class WeightGroupExtension:
                 if (epoch, got_seq) != (self._grpo_epoch, seq):
                     raise RuntimeError(f"expected broadcast {seq} of group {self._grpo_epoch}, the learner sent "
                                        f"broadcast {got_seq} of group {epoch}")
-                buckets = unpack(manifest, group.broadcast)
+                buckets = prefetched(unpack(manifest, group.broadcast))  # bucket k+1 arrives as k loads
                 if manifest["kind"] == "lora":
                     tensors = {name: t for done in buckets for name, t in done}
                     t1 = time.perf_counter()
@@ -112,6 +112,13 @@ class WeightGroupExtension:
         process (an engine core in the rollout actor's process); from another process the
         pairs would be serialised."""
         self._grpo_load([tensors])
+
+    def grpo_load_shared(self, handles) -> None:
+        """``grpo_load_state`` from another process of this machine: ``(name, handle)`` pairs of
+        ``sync.zero_copy.share`` (CUDA IPC on GPUs, shared-memory files on CPU), read in place."""
+        from grpo_dist.sync.zero_copy import rebuild
+
+        self._grpo_load([rebuild(handles)])
 
     def _grpo_load(self, buckets) -> None:
         """One layerwise reload session over every bucket (see the module's docstring)."""

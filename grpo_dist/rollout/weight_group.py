@@ -24,8 +24,8 @@ from grpo_dist.sync import nccl_api
 
 def weight_group_engine_kwargs(cfg, in_memory: bool = False) -> dict[str, Any]:
     """The vLLM engine arguments ``sync.transport: collective`` needs; for other transports, the
-    extension where ``in_memory`` (an engine core in the actor's process that loads merged
-    versions straight from the merger), else {}."""
+    extension where ``in_memory`` (full or merged weights: loaded in place from the payload,
+    ``grpo_load_state`` / ``grpo_load_shared``), else {} (vLLM's LoRA kernels read a directory)."""
     if cfg.sync.transport != "collective":
         return {"worker_extension_cls": EXTENSION} if in_memory else {}
     return nccl_api.engine_kwargs() if nccl_api.uses_nccl(cfg) else {"worker_extension_cls": EXTENSION}

@@ -34,8 +34,7 @@ def generator_kwargs(cfg: Config, seed: int) -> dict[str, Any]:
                 enforce_eager=cfg.rollout.enforce_eager, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                 cpu_kvcache_gb=cfg.rollout.cpu_kvcache_gb, enable_sleep_mode=sleeps_while_learning(cfg),
                 dtype=engine_dtype(cfg)[0], seed=seed, trust_remote_code=cfg.model.trust_remote_code,
-                **weight_group_engine_kwargs(cfg, in_memory=adapter_mode(cfg)[0] == "merged"
-                                             and bool(cfg.rollout.engine_in_process)))
+                **weight_group_engine_kwargs(cfg, in_memory=adapter_mode(cfg)[0] != "lora"))
 
 
 def make_generator(cfg: Config, seed: int) -> Generator:
@@ -191,8 +190,10 @@ class RolloutWorker(WeightGroupMember):
             self.engine.wake_up(["weights"])
         t_woke = time.perf_counter()
         try:
-            if path is None:  # merged mode, an engine that loads from memory: each weight merged as it is taken
+            if path is None and update.is_lora:  # merged mode, in memory: each weight merged as it is taken
                 self.engine.load_state(self.merger.iter_merged(update.tensors, update.peft_config, partial=True))
+            elif path is None:  # full weights, in memory: straight from the payload's buffers
+                self.engine.load_state(iter(update.tensors.items()))
             elif update.is_lora:
                 self.engine.set_adapter(update.version, str(path))
             else:
@@ -217,9 +218,10 @@ class RolloutWorker(WeightGroupMember):
             raise ValueError(f"rollout worker {self.rank}: got version {update.version} older than {self.version}")
         nbytes = update.nbytes  # what was sent (the adapter), not what the engine reloads
         t0 = time.perf_counter()
+        in_memory = getattr(self.engine, "loads_in_memory", False)  # loaded in place from the payload: nothing on disk
+        if in_memory and (self.merger is not None or not update.is_lora):  # (merged weight by weight as it loads)
+            return update, None, nbytes, {"merge_s": 0.0, "write_s": 0.0}
         if update.is_lora and self.merger is not None:
-            if getattr(self.engine, "loads_in_memory", False):  # merged weight by weight as the engine loads it: nothing on disk
-                return update, None, nbytes, {"merge_s": 0.0, "write_s": 0.0}
             update = AdapterUpdate(update.version, self.merger.merged(update.tensors, update.peft_config, partial=True),
                                    None)
         t1 = time.perf_counter()

@@ -186,3 +186,46 @@ def receive_header(group: WeightGroup, n: int) -> list[int]:
     t = torch.empty(n, dtype=torch.int64)
     group.broadcast(t)
     return [int(x) for x in t.tolist()]
+
+
+def prefetched(items: Iterator, depth: int = 1) -> Iterator:
+    """``items`` produced by a thread of its own, at most ``depth`` ahead of the consumer: the
+    engine receives bucket k+1 (gloo and the copies release the GIL) while it loads bucket k. An
+    error of the producer is raised to the consumer; a consumer that stops early stops it."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    def put(x) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(x, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for x in items:
+                if not put((None, x)):
+                    return
+            put((None, end))
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            put((e, None))
+
+    t = threading.Thread(target=produce, name="grpo-bucket-prefetch", daemon=True)
+    t.start()
+    try:
+        while True:
+            err, x = q.get()
+            if err is not None:
+                raise err
+            if x is end:
+                return
+            yield x
+    finally:
+        stop.set()

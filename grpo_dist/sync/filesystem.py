@@ -37,5 +37,6 @@ class FilesystemTransport(WeightTransport):
         return str(path)
 
     def receive(self, payload: object) -> AdapterUpdate:
-        blob = torch.load(str(payload), map_location="cpu", weights_only=True)
+        # mapped, not read: the engine's in-place load reads the page cache straight into its weights
+        blob = torch.load(str(payload), map_location="cpu", weights_only=True, mmap=True)
         return AdapterUpdate(version=blob["version"], tensors=blob["tensors"], peft_config=json.loads(blob["peft_config"]))

@@ -72,3 +72,11 @@ def hf_worker(model_dir, max_tokens: int = 4, **rollout):
     w = RolloutWorker(cfg)
     w.setup()
     return w
+
+
+def stored_versions(worker) -> tuple[list[int], list[str]]:
+    """The versions the worker wrote to its disk cache (``AdapterStore``), and the files there: both
+    empty where every version was loaded in place."""
+    import os
+
+    return list(worker.store.versions), sorted(os.listdir(worker.store.root))
