@@ -14,7 +14,8 @@ byte-level BPE vocabulary with a ChatML template: tests/bpe_model.py), one engin
   bad role or content, max_tokens 0) and the trajectory goes on; a hung agent is cut at
   ``rollout.trajectory_timeout_s``, one that raises ends as ``env_error``;
 * an engine call that raises fails the worker's call with its error (issue 42);
-* the config refuses ``rollout.agent`` with an environment, and pre-flight names a missing function.
+* the config refuses ``rollout.agent`` with an environment (and takes it with streaming), and
+  pre-flight names a missing function.
 """
 
 from __future__ import annotations
@@ -41,11 +42,12 @@ ATTACKER = Path(__file__).parent / "agent_attacker.py"
 PAYLOAD = "INJECTED-BY-ANOTHER-PROCESS"
 
 
-def test_config_refuses_an_agent_with_an_environment_or_streaming():
+def test_config_refuses_an_agent_with_an_environment_and_takes_it_streaming():
     with pytest.raises(ConfigError, match="rollout.agent replaces the environment"):
         load_config(None, {"rollout": {"agent": f"{HELPERS}:chat_loop", "env": "calculator"}})
-    with pytest.raises(ConfigError, match="rollout.agent runs in the batch pipeline"):
-        load_config(None, {"rollout": {"agent": f"{HELPERS}:chat_loop", "streaming": True, "backend": "vllm"}})
+    streaming = load_config(None, {"rollout": {"agent": f"{HELPERS}:chat_loop", "streaming": True, "backend": "vllm"},
+                                   "trainer": {"max_staleness": 1}})  # tests/test_agent_stream.py runs it
+    assert streaming.rollout.streaming and streaming.trainer.max_staleness == 1
     with pytest.raises(ConfigError, match="rollout.agent_kwargs without rollout.agent"):
         load_config(None, {"rollout": {"agent_kwargs": {"x": 1}}})
 

@@ -104,7 +104,8 @@ class RolloutConfig(Section):
                                  "'module:fn' / 'file.py:fn', called per trajectory as fn(base_url, row, **agent_kwargs) "
                                  "with an OpenAI-compatible endpoint of the rollout worker (chat/completions with "
                                  "tools, completions, models); returns a reward (env_reward) or None; see "
-                                 "grpo_dist/rollout/agent.py. Batch pipeline only.")
+                                 "grpo_dist/rollout/agent.py. Both pipelines (streaming: each request is one engine "
+                                 "request, with the version it ran with).")
     agent_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of rollout.agent.")
     agent_tools_prompt: bool = Field(True, description="rollout.agent: state a request's tools in the system prompt in "
                                      "rollout.tool_parser's format when the chat template takes no tools= (false: the "
@@ -154,8 +155,6 @@ class RolloutConfig(Section):
         if self.agent and (self.env != "single_turn" or self.env_column or self.rollout_fn):
             raise ValueError("rollout.agent replaces the environment: leave rollout.env, rollout.env_column and "
                              "rollout.rollout_fn unset")
-        if self.agent and self.streaming:
-            raise ValueError("rollout.agent runs in the batch pipeline: set rollout.streaming false")
         if self.agent_kwargs and not self.agent:
             raise ValueError("rollout.agent_kwargs without rollout.agent")
         return self

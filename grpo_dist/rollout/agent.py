@@ -39,7 +39,7 @@ from grpo_dist.rollout.agent_segments import AgentTrajectory, Segment
 from grpo_dist.rollout.agent_server import AgentServer, AgentSession
 from grpo_dist.rollout.base import Generator, SamplingSpec
 from grpo_dist.rollout.trajectory import encoder_for, error_line, make_rollout, warn_once
-from grpo_dist.rollout.user_fn import _Batcher
+from grpo_dist.rollout.user_fn import Generation, _Batcher
 from grpo_dist.types import Rollout, RolloutGroup, StopReason
 from grpo_dist.util.plugins import load_function
 
@@ -75,59 +75,98 @@ class AgentRollouts:
     async def _all(self, engine, records, prompt_ids, spec, seeds, max_model_len, version) -> list[RolloutGroup]:
         await self.server.start()
         batcher = _Batcher(engine, len(records) * spec.n)
-        tok, r = engine.tokenizer, self.r
-        budget = r.sampled_budget
-
-        async def one(i: int, j: int) -> Rollout:
-            rec = records[i]
-            traj = AgentTrajectory(tok, encoder_for(tok), r.max_tool_result_tokens)
-            session = AgentSession(traj, batcher.submit, spec, seeds[i][j] if seeds is not None else None,
-                                   max_model_len, budget, r.max_turns, r.tool_parser, self.server.model,
-                                   r.agent_tools_prompt)
-            key, url = self.server.open(session)
-            reward, stop, raised, error = None, None, None, None
-            try:
-                out = await asyncio.wait_for(acall(self.fn, url, dict(rec.as_example()), **self.kwargs),
-                                             r.trajectory_timeout_s)
-                if out is not None and (isinstance(out, bool) or not isinstance(out, (int, float))):
-                    warn_once("agent_return", f"rollout.agent {self.spec!r} returned {type(out).__name__} "
-                              f"{out!r:.80}: a reward is a number or None (taken as None)")
-                else:
-                    reward = None if out is None else float(out)
-            except asyncio.TimeoutError:
-                stop = StopReason.TIMEOUT
-            except Exception as e:  # noqa: BLE001 - the trajectory ends as env_error, the run goes on
-                stop, raised, error = StopReason.ENV_ERROR, traceback.format_exc(), error_line(e, "agent")
-            finally:
-                self.server.close(key)
-                batcher.finished()
-            if raised is not None:  # once closed: a base_url in the traceback no longer opens anything
-                warn_once("agent_error", f"rollout.agent {self.spec!r} raised on record {rec.id}: {raised}")
-            stop = stop or session.cut or StopReason.DONE
-            out = to_rollout(tok, rec, prompt_ids[i], traj, session.calls, stop, reward, version)
-            out.error = error
-            return out
-
+        tok = engine.tokenizer
         # an engine call that raised fails the whole call with its error (the agents got a 500 and end)
-        flat = await batcher.gather([one(i, j) for i in range(len(records)) for j in range(spec.n)], grace=5.0)
+        flat = await batcher.gather([self._one(tok, batcher.submit, batcher.finished, records[i], prompt_ids[i], spec,
+                                               seeds[i][j] if seeds is not None else None, max_model_len, version)
+                                     for i in range(len(records)) for j in range(spec.n)], grace=5.0)
         return [RolloutGroup(prompt_id=rec.id, rollouts=list(flat[i * spec.n:(i + 1) * spec.n]))
                 for i, rec in enumerate(records)]
 
+    async def stream_group(self, call: Callable[..., Any], tok: Any, record: Any, prompt_ids: list[int],
+                           spec: SamplingSpec, seeds: list[int] | None, max_model_len: int,
+                           version: int) -> RolloutGroup:
+        """One record's ``spec.n`` trajectories in the streaming pipeline (on :func:`env_loop`):
+        each request is its own engine request, ``await call(prompt_ids, spec, seed) -> (Sample,
+        version)`` (the async engine batches whatever is in flight), and every call keeps the
+        version that sampled it (``Rollout.weight_versions``; weights may change between calls).
+        An engine request that raised fails the group with its error (its agents got a 500)."""
+        await self.server.start()
+        failed: list[BaseException] = []
+
+        async def submit(ids: list[int], one: SamplingSpec, seed: int | None) -> Generation:
+            if failed:
+                raise failed[0]
+            try:
+                s, v = await call(ids, one, seed)
+            except Exception as e:  # noqa: BLE001 - the engine's: the group fails with it below
+                failed.append(e)
+                raise
+            return Generation(list(s.token_ids), list(s.logprobs), s.text, s.finish_reason, v)
+
+        rollouts = await asyncio.gather(*[self._one(tok, submit, lambda: None, record, prompt_ids, spec,
+                                                    None if seeds is None else seeds[j], max_model_len, version)
+                                          for j in range(spec.n)])
+        if failed:
+            raise failed[0]
+        return RolloutGroup(prompt_id=record.id, rollouts=list(rollouts))
+
+    async def _one(self, tok: Any, submit: Callable[..., Any], finished: Callable[[], None], rec: Any,
+                   prompt_ids: list[int], spec: SamplingSpec, seed: int | None, max_model_len: int,
+                   version: int) -> Rollout:
+        """One trajectory: the agent called with its base URL, its requests sampled through ``submit``."""
+        r = self.r
+        traj = AgentTrajectory(tok, encoder_for(tok), r.max_tool_result_tokens)
+        session = AgentSession(traj, submit, spec, seed, max_model_len, r.sampled_budget, r.max_turns, r.tool_parser,
+                               self.server.model, r.agent_tools_prompt)
+        key, url = self.server.open(session)
+        reward, stop, raised, error = None, None, None, None
+        try:
+            out = await asyncio.wait_for(acall(self.fn, url, dict(rec.as_example()), **self.kwargs),
+                                         r.trajectory_timeout_s)
+            if out is not None and (isinstance(out, bool) or not isinstance(out, (int, float))):
+                warn_once("agent_return", f"rollout.agent {self.spec!r} returned {type(out).__name__} "
+                          f"{out!r:.80}: a reward is a number or None (taken as None)")
+            else:
+                reward = None if out is None else float(out)
+        except asyncio.TimeoutError:
+            stop = StopReason.TIMEOUT
+        except Exception as e:  # noqa: BLE001 - the trajectory ends as env_error, the run goes on
+            stop, raised, error = StopReason.ENV_ERROR, traceback.format_exc(), error_line(e, "agent")
+        finally:
+            self.server.close(key)
+            finished()
+        if raised is not None:  # once closed: a base_url in the traceback no longer opens anything
+            warn_once("agent_error", f"rollout.agent {self.spec!r} raised on record {rec.id}: {raised}")
+        stop = stop or session.cut or StopReason.DONE
+        out = to_rollout(tok, rec, prompt_ids, traj, session.calls, stop, reward, version, session.versions)
+        out.error = error
+        return out
+
 
 def _sample(tok: Any, rec: Any, seg: Segment | None, prompt_ids: list[int], stop: str, version: int, turns: int,
-            reward: float | None = None, counters: dict[str, Any] | None = None,
+            versions: list[int], reward: float | None = None, counters: dict[str, Any] | None = None,
             extra: dict[str, Any] | None = None) -> Rollout:
     return make_rollout(tok, rec, list(seg.prompt_ids) if seg else list(prompt_ids), list(seg.ids) if seg else [],
                         list(seg.logprobs) if seg else [], list(seg.mask) if seg else [], stop, turns, reward,
-                        counters or {}, list(seg.transcript) if seg else [], version, [version] * turns, extra)
+                        counters or {}, list(seg.transcript) if seg else [], version, versions, extra)
 
 
 def to_rollout(tok: Any, rec: Any, prompt_ids: list[int], traj: AgentTrajectory, calls: int, stop: str,
-               reward: float | None, version: int) -> Rollout:
-    """The trajectory's Rollout: its last segment, the earlier ones in ``segments``."""
+               reward: float | None, version: int, versions: list[int | None] | None = None) -> Rollout:
+    """The trajectory's Rollout: its last segment, the earlier ones in ``segments``. ``versions``:
+    the weight version of each call, in order (None: ``version``, the batch pipeline's); segments
+    hold consecutive calls, so each gets its own calls' versions."""
     segs = traj.segments
-    out = _sample(tok, rec, segs[-1] if segs else None, prompt_ids, stop, version, calls, reward, traj.counters,
-                  {"agent_segments": len(segs)})
+    every = [version if v is None else int(v) for v in (versions or [])]
+    every += [version] * (calls - len(every))
+    parts, at = [], 0
+    for s in segs:
+        parts.append(every[at:at + s.turns] or [version])
+        at += s.turns
+    out = _sample(tok, rec, segs[-1] if segs else None, prompt_ids, stop, version, calls,
+                  every[:calls] if segs else [], reward, traj.counters, {"agent_segments": len(segs)})
     if len(segs) > 1:  # earlier segments: the prompt and ids of each, trained as samples of their own
-        out.segments = [_sample(tok, rec, s, prompt_ids, StopReason.DONE, version, s.turns) for s in segs[:-1]]
+        out.segments = [_sample(tok, rec, s, prompt_ids, StopReason.DONE, version, s.turns, p)
+                        for s, p in zip(segs[:-1], parts[:-1])]
     return out

@@ -67,6 +67,7 @@ class AgentSession:
     cut: str | None = None  # why the last call (or a refused one) was cut by a limit
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     responses: dict = field(default_factory=dict)  # a /responses answer's id -> its conversation (chat messages)
+    versions: list = field(default_factory=list)  # the weight version of each call (None: the worker call's)
 
     def _limits(self, body: dict[str, Any], prompt_len: int) -> tuple[int, str]:
         """The call's max_tokens and what bounds it ("length", "budget", "context")."""
@@ -129,6 +130,7 @@ class AgentSession:
         seed = None if spec.greedy else turn_seed(self.seed, self.calls)
         self.calls += 1
         out = await self.submit(p.prompt, spec, seed)
+        self.versions.append(getattr(out, "version", None))
         if self.closed:
             raise AgentRequestError("this trajectory ended while the call ran", status=410, code="trajectory_ended")
         self.cut = bound if out.finish_reason == "length" else None

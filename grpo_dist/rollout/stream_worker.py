@@ -54,6 +54,9 @@ class StreamingRolloutWorker(StreamingWeightGroupMember, RolloutWorker):
         """One prompt's group, with the wall time it finished (``time.time()``)."""
         assert self.engine is not None, "call setup() first"
         spec, seeds, ids = self._prepare([record], None, None, None, None if key is None else [key])
+        if self.agent is not None:  # an OpenAI-API agent: each of its requests one engine request
+            return await self._agent_group(record, ids[0], spec, None if seeds is None else seeds[0],
+                                           min_version), time.time()
         if self.envs is not None:  # multi-turn: each trajectory its own coroutine (rollout/turns_async.py)
             return await run_group_async(self.engine, record, ids[0], spec, None if seeds is None else seeds[0],
                                          self.envs, self.cfg.model.max_model_len, min_version), time.time()
@@ -65,6 +68,9 @@ class StreamingRolloutWorker(StreamingWeightGroupMember, RolloutWorker):
         """RolloutWorker.generate's contract (evaluation, refills): the groups run concurrently."""
         assert self.engine is not None, "call setup() first"
         spec, seeds, ids = self._prepare(prompts, n, temperature, seed, keys)
+        if self.agent is not None:
+            return list(await asyncio.gather(*[self._agent_group(rec, pids, spec, None if seeds is None else seeds[i])
+                                               for i, (rec, pids) in enumerate(zip(prompts, ids))]))
         if self.envs is not None:
             return list(await asyncio.gather(*[run_group_async(
                 self.engine, rec, pids, spec, None if seeds is None else seeds[i], self.envs,
@@ -72,6 +78,25 @@ class StreamingRolloutWorker(StreamingWeightGroupMember, RolloutWorker):
         outs = await asyncio.gather(*[self.engine.generate_group(pids, spec, None if seeds is None else seeds[i])
                                       for i, pids in enumerate(ids)])
         return [self._group(rec, pids, samples, version) for rec, pids, (samples, version) in zip(prompts, ids, outs)]
+
+    async def _agent_group(self, record: Any, prompt_ids: list[int], spec, seeds: list[int] | None,
+                           min_version: int = 0) -> RolloutGroup:
+        """``rollout.agent``'s trajectories of one record: the endpoint and the agents run on the
+        environments' loop (rollout/agent.py, as in the batch pipeline); each request they make is
+        one request of the async engine, on this actor's loop, at ``min_version`` or newer."""
+        from grpo_dist.envs.base import env_loop
+
+        loop, engine = asyncio.get_running_loop(), self.engine
+
+        async def call(ids: list[int], one, seed: int | None):  # on the environments' loop
+            fut = asyncio.run_coroutine_threadsafe(
+                engine.generate_group(ids, one, None if seed is None else [seed], min_version), loop)
+            samples, version = await asyncio.wrap_future(fut)
+            return samples[0], version
+
+        group = self.agent.stream_group(call, engine.tokenizer, record, prompt_ids, spec, seeds,
+                                        self.cfg.model.max_model_len, self.version)
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(group, env_loop()))
 
     async def load_update(self, payload: object) -> dict[str, float]:
         """The engine half of a payload transport: receive version v+1 and serve it (:meth:`load_weights`)."""

@@ -54,6 +54,7 @@ class Generation:
     logprobs: list[float]
     text: str
     finish_reason: str  # "stop" | "length"
+    version: int | None = None  # the weight version that sampled it (streaming; None: the worker call's)
 
 
 def load_rollout_fn(spec: str) -> Callable[..., Any]:
