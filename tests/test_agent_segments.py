@@ -72,3 +72,23 @@ def test_tool_calls_round_trip_and_anything_else_is_a_new_segment(tok):
     traj.completion_prompt([1, 2, 3])  # another endpoint: a new segment once recorded
     with pytest.raises(AgentRequestError, match="role must be one of"):
         traj.chat_prompt([{"role": "robot", "content": "x"}], None, None)
+
+
+def test_each_segment_keeps_the_versions_of_its_own_calls(tok):
+    """Streaming: weights may change between calls; each call's version is kept (agent.to_rollout),
+    a segment holds its own calls', and the trained samples' adapter versions are their oldest."""
+    from grpo_dist.data import make_task
+    from grpo_dist.rollout.agent import to_rollout
+
+    traj = AgentTrajectory(tok, MessageEncoder(tok))
+    msgs = [{"role": "user", "content": "Q?"}]
+    _, m1 = _turn(traj, tok, msgs, [5, 6])
+    _turn(traj, tok, msgs + [m1, {"role": "user", "content": "More?"}], [7])  # extends: segment 1, call 2
+    _turn(traj, tok, [{"role": "user", "content": "Summary."}], [8])  # a new segment: call 3
+    rec = make_task("add", 1, seed=0)[0]
+    out = to_rollout(tok, rec, [1, 2], traj, 3, "done", None, 9, versions=[3, 4, 5])
+    assert out.weight_versions == [3, 4, 5] and out.adapter_version == 3
+    (first,) = out.segments
+    assert first.weight_versions == [3, 4] and first.adapter_version == 3
+    batch = to_rollout(tok, rec, [1, 2], traj, 3, "done", None, 9)  # the batch pipeline: the call's version
+    assert batch.weight_versions == [9, 9, 9] and batch.segments[0].weight_versions == [9, 9]
