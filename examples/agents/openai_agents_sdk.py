@@ -45,22 +45,23 @@ def _example() -> list[dict]:
             {"role": "assistant", "content": final["content"]}]
 
 
-def _run(model, row: dict, max_turns: int) -> float:
+def _run(model, row: dict, max_calls: int) -> float:
     agent = Agent(name="calculator", instructions=SYSTEM, tools=[calculator], model=model)
     question = str(row.get("question") or row["prompt"]) + " Use the calculator."
     try:
-        result = Runner.run_sync(agent, [*_example(), {"role": "user", "content": question}], max_turns=max_turns,
+        result = Runner.run_sync(agent, [*_example(), {"role": "user", "content": question}], max_turns=max_calls,
                                  run_config=RunConfig(tracing_disabled=True))
     except (MaxTurnsExceeded, ModelBehaviorError):  # out of turns; or an answer cut at the run's max_tokens
         return 0.0  # (the SDK raises on a Responses answer whose status is "incomplete")
     return 1.0 if is_right(str(result.final_output), row["answer"]) else 0.0
 
 
-def solve(base_url: str, row: dict, model: str = "policy", max_turns: int = 3) -> float:
+def solve(base_url: str, row: dict, model: str = "policy", max_calls: int = 3) -> float:
+    """``max_calls``: the Runner's ``max_turns`` (one model call each)."""
     client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=3600)
-    return _run(OpenAIResponsesModel(model=model, openai_client=client), row, max_turns)
+    return _run(OpenAIResponsesModel(model=model, openai_client=client), row, max_calls)
 
 
-def solve_chat(base_url: str, row: dict, model: str = "policy", max_turns: int = 3) -> float:
+def solve_chat(base_url: str, row: dict, model: str = "policy", max_calls: int = 3) -> float:
     client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=3600)
-    return _run(OpenAIChatCompletionsModel(model=model, openai_client=client), row, max_turns)
+    return _run(OpenAIChatCompletionsModel(model=model, openai_client=client), row, max_calls)

@@ -34,10 +34,11 @@ def calculator(expression: str) -> str:
     return calculate(expression)
 
 
-def solve(base_url: str, row: dict, model: str = "policy", max_steps: int = 2) -> float:
+def solve(base_url: str, row: dict, model: str = "policy", max_calls: int = 2) -> float:
+    """``max_calls``: the agent's ``max_steps`` (a step may take 3 requests, the final ask 1 more)."""
     llm = OpenAIServerModel(model_id=model, api_base=base_url, api_key="unused", client_kwargs={"max_retries": 0,
                                                                                                 "timeout": 3600})
-    agent = ToolCallingAgent(tools=[calculator], model=llm, max_steps=max_steps, verbosity_level=0, instructions=SYSTEM)
+    agent = ToolCallingAgent(tools=[calculator], model=llm, max_steps=max_calls, verbosity_level=0, instructions=SYSTEM)
     try:
         answer = agent.run(str(row.get("question") or row["prompt"]))
     except AgentGenerationError:  # a model call failed: e.g. the trajectory's calls or tokens are spent (a 400)
