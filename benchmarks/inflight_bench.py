@@ -132,7 +132,7 @@ def main() -> None:
     load = os.getloadavg()
     print(f"CPU: {cpu}; {os.cpu_count()} CPUs; load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}; "
           f"args {vars(args)}")
-    print("| mode | samples/s | learner wait s (mean / max) | engine idle around a load s | mixed-version samples |")
+    print("| mode | samples/s | learner wait s (mean / max) | new groups held back per load s | mixed-version samples |")
     print("|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['mode']} | {r['samples_per_s']:.1f} | {r['learner_wait_s_mean']:.2f} / {r['learner_wait_s_max']:.2f} "
