@@ -18,7 +18,7 @@ from grpo_dist.rollout.base import SamplingSpec
 
 pytestmark = pytest.mark.slow
 
-SPEC = SamplingSpec(n=1, temperature=1.0, max_tokens=64)
+SPEC = SamplingSpec(n=1, temperature=1.0, max_tokens=200)
 PROMPT = [1, 5, 6, 7, 8]
 
 
@@ -44,7 +44,7 @@ async def load_mid_generation(engine, path, version: int, seeds):
     group = asyncio.create_task(engine.generate_group(PROMPT, SPEC, seeds))
     for _ in range(600):  # until every request has sampled a few tokens
         await asyncio.sleep(0.01)
-        if engine.busy() and await tokens_so_far(engine) >= 4:
+        if engine.busy() and await tokens_so_far(engine) >= 8:
             break
     await engine.load_full_weights(str(path), version)
     samples, started = await group
@@ -72,7 +72,7 @@ def test_inflight_load_keeps_requests_and_versions_each_token(tiny_model_dir, tm
 
     async def main():
         await engine.generate_group(PROMPT, SamplingSpec(n=1, max_tokens=4), [0])  # warm
-        samples, started = await load_mid_generation(engine, v1, 1, [11])
+        samples, started = await load_mid_generation(engine, v1, 1, [11, 12])
         assert started == 0 and engine.version == 1
         load = engine.loads[-1]
         assert load["version"] == 1 and load["kept"] == 1 and load["resumed_at"] >= load["paused_at"]
