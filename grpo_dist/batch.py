@@ -98,6 +98,21 @@ def staleness_metrics(versions: list[int], learner_version: int, max_staleness: 
     return m
 
 
+def token_version_metrics(groups: list[RolloutGroup], learner_version: int) -> dict[str, float]:
+    """Per-token versions (in-flight loads, ``Rollout.token_versions``): the fraction of samples
+    whose sampled tokens come from two versions or more (``rollout/mixed_version_frac``) and how
+    many versions each sampled token is behind the learner (``rollout/token_staleness_mean`` /
+    ``_max``). Empty when no sample carries per-token versions."""
+    rollouts = [r for g in groups for r in g.rollouts]
+    if not any(r.token_versions is not None for r in rollouts):
+        return {}
+    per = [r.sampled_versions for r in rollouts]
+    stale = [learner_version - v for vs in per for v in vs]
+    return {"rollout/mixed_version_frac": sum(len(set(vs)) > 1 for vs in per) / max(1, len(per)),
+            "rollout/token_staleness_mean": sum(stale) / max(1, len(stale)),
+            "rollout/token_staleness_max": float(max(stale, default=0))}
+
+
 def rollout_metrics(rollouts, rewards: list[float], scores: RewardResult, group_size: int) -> dict[str, float]:
     stats = group_reward_stats(torch.tensor(rewards, dtype=torch.float64), group_size)
     lengths = [len(r.completion_ids) for r in rollouts]

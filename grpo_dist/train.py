@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_dist.batch import build_batch, staleness_metrics
+from grpo_dist.batch import build_batch, staleness_metrics, token_version_metrics
 from grpo_dist.reward.answer_form import form_metrics
 from grpo_dist.run.monitor import StepTimer
 from grpo_dist.run.run import Run, TrainingError
@@ -51,6 +51,7 @@ def shape(groups, scores, run: Run, metrics: dict[str, float], learner_version: 
     metrics.update(form_metrics(cfg.reward.functions, (r.completion for g in groups for r in g.rollouts)))
     try:
         metrics.update(staleness_metrics(batch.adapter_versions, learner_version, cfg.trainer.max_staleness))
+        metrics.update(token_version_metrics(groups, learner_version))  # the oldest token bounds the above
     except ValueError as e:
         raise TrainingError(f"step {run.step + 1}: {e}") from None
     return batch

@@ -86,6 +86,15 @@ class Rollout:
     segments: list["Rollout"] | None = None
     # stop_reason env_error: what the environment or agent raised, one line (the run names the first)
     error: str | None = None
+    # in-flight loads (rollout.inflight_updates): the weight version that sampled each completion token
+    # (environment tokens: the one before them); adapter_version is the oldest. None: all adapter_version
+    token_versions: list[int] | None = None
+
+    @property
+    def sampled_versions(self) -> list[int]:
+        """The weight version of each sampled token (loss mask 1)."""
+        vs = self.token_versions or [self.adapter_version] * len(self.completion_ids)
+        return vs if self.loss_mask is None else [v for v, m in zip(vs, self.loss_mask) if m]
 
     @property
     def truncated(self) -> bool:

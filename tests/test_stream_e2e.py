@@ -15,7 +15,8 @@ import pytest
 
 pytestmark = pytest.mark.slow
 VARIES = ("timing/", "perf/", "sync/seconds", "train/logprob_diff_behaviour_")  # as in test_reproducibility
-STREAM_ONLY = ("rollout/groups_", "rollout/score_lag_s", "rollout/engines_used")  # what the streaming pipeline saw
+STREAM_ONLY = ("rollout/groups_", "rollout/score_lag_s", "rollout/engines_used",  # what the streaming pipeline saw
+               "rollout/inflight_", "rollout/mixed_version_frac", "rollout/token_staleness_")
 
 
 def run(model_dir, out, streaming: bool, k: int, steps: int = 3, workers: int = 1, evaluate: bool = False,
@@ -40,8 +41,9 @@ def steady(history):
 @pytest.mark.heavy  # make test-all: streaming with k 1 (below) and the streaming engines' collective load are in make test
 def test_streaming_with_k0_is_the_batch_run(ray_cluster, pretrained_model_dir, tmp_path):
     a = run(pretrained_model_dir, tmp_path / "batch", False, 0)
-    b = run(pretrained_model_dir, tmp_path / "stream", True, 0)
+    b = run(pretrained_model_dir, tmp_path / "stream", True, 0, inflight_updates=True)  # k 0: no load finds one running
     assert b.rec.prompt_ids == a.rec.prompt_ids and len(a.rec.prompt_ids) == 12
+    assert all(h["rollout/mixed_version_frac"] == 0.0 and h["rollout/inflight_updates"] == 0.0 for h in b.history)
     same = [sb["completion_ids"] == sa["completion_ids"] for sa, sb in zip(a.rec.steps, b.rec.steps)]
     assert same == [True] * 3  # the same tokens every step
     assert steady(b.history) == steady(a.history)  # the same rewards, advantages, losses, updates
@@ -56,7 +58,7 @@ def test_streaming_with_k0_is_the_batch_run(ray_cluster, pretrained_model_dir, t
 @pytest.mark.parametrize("k", [1, pytest.param(2, marks=pytest.mark.heavy)])  # k 2: make test-all (k 2's dispatch: test_pipeline_e2e)
 def test_streaming_staleness_buffer_and_early_scores(k, ray_cluster, pretrained_model_dir, tmp_path):
     t = run(pretrained_model_dir, tmp_path, True, k, steps=5, workers=k, evaluate=k == 1,
-            adapter_mode="merged" if k == 1 else "lora")
+            **(dict(adapter_mode="merged", inflight_updates=True) if k == 1 else dict(adapter_mode="lora")))
     p = t.rollouts.pipeline
     if k == 1:  # evaluation (sampled and greedy) through the async actors' generate
         assert t.before["num_prompts"] == 8 and "greedy_mean_reward" in t.before
@@ -68,6 +70,10 @@ def test_streaming_staleness_buffer_and_early_scores(k, ray_cluster, pretrained_
     assert len(t.rec.prompt_ids) == len(set(t.rec.prompt_ids)) == 20  # each prompt trained once
     assert t.rollouts.stream.state_dict()["index"] == 20 and not t.rollouts.pipeline.queue and not t.sync.loads
     assert p.capacity == 4 * (k + 1) and 0 < p.buffer_peak <= p.capacity
+    if k == 1:  # in-flight loads (merged weights): every token within k of the learner, each load recorded
+        assert all(0.0 <= h["rollout/token_staleness_max"] <= k and 0.0 <= h["rollout/mixed_version_frac"] <= 1.0
+                   for h in t.history)
+        assert sum(h["rollout/inflight_loads"] for h in t.history) >= 3  # versions 1-3 at least, seen by step 5
     # Whether a group is scored before its batch's last group finishes depends on timing here (a
     # tiny model's groups finish within milliseconds of each other): printed, not asserted;
     # tests/test_stream_pipeline.py shows it with an engine whose timing is known.

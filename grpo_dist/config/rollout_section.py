@@ -61,6 +61,15 @@ class RolloutConfig(Section):
                             "engine and takes one request per group continuously, groups go to the engine with the fewest "
                             "outstanding groups, each finished group to a reward actor at once, scored groups wait in a "
                             "bounded buffer (grpo_dist/orchestrator/stream.py). false: batches of prompts per engine.")
+    inflight_updates: bool = Field(False, description="Streaming only: load each new weight version as soon as it "
+                                   "arrives, with generation paused and running requests kept (vLLM's pause_generation "
+                                   "mode keep); they go on under the new weights, each token recording the version that "
+                                   "sampled it (partial rollouts). false: the engine drains first (running groups finish). "
+                                   "Merged or full weights (LoRA serving never waits); needs vLLM 0.32.")
+    inflight_kv: Literal["recompute", "keep"] = Field(
+        "recompute", description="With rollout.inflight_updates, the kept requests' KV cache after a load: recompute = "
+        "dropped and recomputed under the new weights (each later token's log-prob is the new version's over its "
+        "whole context); keep = reused (no recompute, but later tokens attend to keys/values of the old weights).")
     env: str = Field("single_turn", description="The environment each trajectory talks to (grpo_dist/envs): "
                      "single_turn (one completion per prompt), a built-in (calculator, python_code, guess_number, "
                      "tools), or 'module:Class' / 'file.py:Class' with reset(record) and step(completion) -> EnvStep "
@@ -155,6 +164,8 @@ class RolloutConfig(Section):
         if self.agent and (self.env != "single_turn" or self.env_column or self.rollout_fn):
             raise ValueError("rollout.agent replaces the environment: leave rollout.env, rollout.env_column and "
                              "rollout.rollout_fn unset")
+        if self.inflight_updates and not self.streaming:
+            raise ValueError("rollout.inflight_updates needs rollout.streaming: true (the batch pipeline loads between batches)")
         if self.agent_kwargs and not self.agent:
             raise ValueError("rollout.agent_kwargs without rollout.agent")
         return self

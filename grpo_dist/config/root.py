@@ -77,6 +77,10 @@ class Config(Section):
                              "mounts at the same path); or use object_store")
         if self.sync.transport == "collective":
             self._check_collective()
+        if self.rollout.inflight_updates and self.lora.enabled and (
+                self.rollout.adapter_mode == "lora" or (self.rollout.adapter_mode == "auto" and c.rollout_gpus > 0)):
+            raise _KeyError("rollout.inflight_updates", "needs merged or full weights (rollout.adapter_mode: merged): "
+                             "a request keeps the LoRA adapter it started with, and LoRA loads never wait anyway")
         if c.shared_dir and not self.lora.enabled and not _inside(self.output_dir, c.shared_dir):
             raise _KeyError("output_dir", f"full-weight training with cluster.shared_dir writes checkpoints from "
                              f"the learner nodes: output_dir must be inside {c.shared_dir}")

@@ -28,7 +28,8 @@ class RolloutManager:
         r = cfg.rollout
         if r.streaming:  # one request per group, each scored as soon as it is generated
             self.pipeline: RolloutPipeline = StreamPipeline(rollout, reward, recovery, r.generate_timeout_s,
-                                                            r.prompts_per_step * (self.depth + 1))
+                                                            r.prompts_per_step * (self.depth + 1),
+                                                            inflight=r.inflight_updates)
         else:
             self.pipeline = RolloutPipeline(rollout, reward, recovery, r.generate_timeout_s,
                                             chunk=cfg.trainer.dispatch_chunk)

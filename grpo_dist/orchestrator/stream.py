@@ -55,9 +55,11 @@ class BufferFull(RuntimeError):
 
 
 class StreamPipeline(RolloutPipeline):
-    def __init__(self, rollout: ActorGroup, reward: ActorGroup, recovery, timeout: float | None, capacity: int):
+    def __init__(self, rollout: ActorGroup, reward: ActorGroup, recovery, timeout: float | None, capacity: int,
+                 inflight: bool = False):
         super().__init__(rollout, reward, recovery, timeout)
         self.capacity = capacity
+        self.inflight = inflight  # rollout.inflight_updates: the engines' loads are reported per batch
         self.min_version = 0  # the newest version whose load was sent to every engine
         self.buffer_peak = 0  # most groups waiting (generating, scoring or scored) in the queue
         self._items: list[Item] = []  # generations the driver has not seen finish
@@ -131,6 +133,8 @@ class StreamPipeline(RolloutPipeline):
              "rollout/score_lag_s": max(max(0.0, s - g) for (_, g), (_, s) in zip(gens, scored)),
              "rollout/engines_used": float(len(set(ranks)))}
         m.update({f"rollout/groups_on_engine/{r}": float(ranks.count(r)) for r in sorted(set(ranks))})
+        if self.inflight:
+            m.update(load_metrics(self.rollout.get(self.rollout.call("inflight_loads"))))
         p.result = Scored([g for g, _ in gens], dispatch.merge_scores([s for s, _ in scored]), m)
         return p.result.groups
 
@@ -141,3 +145,20 @@ class StreamPipeline(RolloutPipeline):
     def on_version(self, version: int) -> None:
         """Every engine serves ``version`` to the groups sent from now on (its load was just sent)."""
         self.min_version = version
+
+
+def load_metrics(per_engine: list[list[dict]]) -> dict[str, float]:
+    """In-flight loads since the last batch, over the engines: ``rollout/inflight_updates`` (loads
+    that found groups running), ``rollout/inflight_loads`` (all), the groups they kept running, the
+    seconds generation stood paused (``inflight_paused_s``: the pause, the load and the resume;
+    ``_max`` the longest) and when the last one resumed (``inflight_last_resumed_at``, wall time)."""
+    loads = [x for e in per_engine for x in e]
+    paused = [x["paused_s"] for x in loads]
+    m = {"rollout/inflight_loads": float(len(loads)),
+         "rollout/inflight_updates": float(sum(x["kept"] > 0 for x in loads)),
+         "rollout/inflight_kept_groups": float(sum(x["kept"] for x in loads)),
+         "rollout/inflight_paused_s": float(sum(paused)),
+         "rollout/inflight_paused_s_max": float(max(paused, default=0.0))}
+    if loads:
+        m["rollout/inflight_last_resumed_at"] = max(x["resumed_at"] for x in loads)
+    return m

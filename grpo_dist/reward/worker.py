@@ -60,7 +60,7 @@ def score_inputs(rollouts: list) -> tuple[list, list, dict[str, Any]]:
     cols: dict[str, Any] = {k: [r.columns.get(k) for r in rollouts] for k in keys}
     cols["completion_ids"] = [r.completion_ids for r in rollouts]
     if rollouts:
-        cols[STATE] = RewardState(global_step=max(r.adapter_version for r in rollouts))
+        cols[STATE] = RewardState(global_step=max(max(r.token_versions or [r.adapter_version]) for r in rollouts))
     if rollouts and all(PROMPT_MESSAGES in r.columns for r in rollouts):
         prompts = [r.columns[PROMPT_MESSAGES] for r in rollouts]
         return prompts, [[{"role": "assistant", "content": r.completion}] for r in rollouts], cols

@@ -12,28 +12,45 @@ requests in flight:
 
 ``min_version``: a group waits until the engine holds at least that version (Ray runs an async
 actor's calls out of order, so the driver cannot rely on call order for versions).
+
+In-flight updates (``inflight``: ``"recompute"`` or ``"keep"``, ``rollout.inflight_updates``): a
+merged / full load does not drain. The engine pauses with its requests kept (vLLM 0.32's
+``pause_generation(mode="keep")``; ``clear_cache`` for recompute), loads, labels the engine with
+the new version (``update_weight_version``) and resumes; each completion's ``weight_versions``
+spans, which the engine core stamps on every step's output, become the sample's per-token
+``versions``. Each load's timing is kept in :attr:`loads`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections import Counter
 
 from grpo_dist.rollout.base import Generator, Sample, SamplingSpec
-from grpo_dist.rollout.vllm_engine import engine_kwargs, sampling_params, to_sample
+from grpo_dist.rollout.vllm_compat import check_inflight_support
+from grpo_dist.rollout.vllm_engine import engine_kwargs, sampling_params, to_sample, token_versions
 
 
 class AsyncVLLMGenerator:
     tokenize = Generator.tokenize
     loads_in_memory = False  # its engine core runs in a process of its own: versions go through the store
 
-    def __init__(self, model_path: str, *, enable_lora: bool = True, **kw):
+    inflight: str | None = None  # "recompute" / "keep": in-flight loads (rollout.inflight_kv); None: drain
+    loads: list[dict] = []  # in-flight loads, oldest first (the worker hands them to the driver)
+
+    def __init__(self, model_path: str, *, enable_lora: bool = True, inflight: str | None = None, **kw):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         if kw.pop("enable_sleep_mode", False):
             raise ValueError("rollout.streaming does not support sleeping engines (colocated on GPU)")
+        if inflight is not None:
+            if enable_lora:
+                raise ValueError("rollout.inflight_updates needs merged or full weights (rollout.adapter_mode: merged)")
+            check_inflight_support(AsyncLLM)
+        self.inflight, self.loads = inflight, []
         self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(model_path, enable_lora=enable_lora, **kw)))
         self.tokenizer = self.llm.get_tokenizer()
         self.enable_lora = enable_lora
@@ -76,7 +93,11 @@ class AsyncVLLMGenerator:
                 self._inflight[version] -= 1
                 cond.notify_all()
             await self._drop_unused_adapters()
-        return [to_sample(c, self.tokenizer) for c in outs], version
+        samples = [to_sample(c, self.tokenizer) for c in outs]
+        if self.inflight is not None:  # each token's version, from the spans the engine stamped
+            for s, c in zip(samples, outs):
+                s.versions = token_versions(c, version)
+        return samples, version
 
     async def _request(self, prompt_ids: list[int], params, lora) -> list:
         from vllm import TokensPrompt
@@ -122,6 +143,8 @@ class AsyncVLLMGenerator:
         """Drain (new groups wait, running ones finish), ``await load()`` (it loads the weights in
         place and answers ``{"version": ...}``), reset the prefix cache, serve that version."""
         cond, lock = self._sync()
+        if self.inflight is not None:
+            return await self._load_inflight(load)
         async with lock:
             async with cond:
                 self._draining = True
@@ -133,6 +156,29 @@ class AsyncVLLMGenerator:
                 finally:
                     self._draining = False
                     cond.notify_all()
+        return out
+
+    async def _load_inflight(self, load) -> dict:
+        """Pause with the running requests kept (their KV cache dropped for ``recompute``), ``await
+        load()``, label the engine's outputs with the new version, resume. The running requests go
+        on under the new weights; new groups do not wait for them."""
+        cond, lock = self._sync()
+        async with lock:
+            t0, kept = time.time(), self.busy()
+            await self.llm.pause_generation(mode="keep", clear_cache=self.inflight == "recompute")
+            t1 = time.time()
+            try:
+                out = await load()
+                version = int(out["version"])
+                await self.llm.update_weight_version(str(version))  # tokens from the next step on carry it
+                async with cond:
+                    self.version = version
+                    cond.notify_all()
+            finally:
+                await self.llm.resume_generation()
+            t2 = time.time()
+        self.loads.append({"version": version, "kept": kept, "paused_at": t0, "resumed_at": t2,
+                           "pause_s": t1 - t0, "paused_s": t2 - t0})
         return out
 
     def close(self) -> None:

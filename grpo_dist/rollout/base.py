@@ -36,6 +36,7 @@ class Sample:
     text: str
     logprobs: list[float]
     finish_reason: str  # "stop" | "length" | "abort" (the engine aborted the request)
+    versions: list[int] | None = None  # the weight version of each token (in-flight loads); None: one version
 
 
 class EngineProgress:

@@ -37,7 +37,9 @@ class StreamingRolloutWorker(StreamingWeightGroupMember, RolloutWorker):
         from grpo_dist.rollout.async_vllm import AsyncVLLMGenerator
 
         kw = generator_kwargs(self.cfg, seed)
-        return AsyncVLLMGenerator(kw.pop("model_path"), max_cpu_loras=resident_versions(self.cfg), **kw)
+        r = self.cfg.rollout
+        return AsyncVLLMGenerator(kw.pop("model_path"), max_cpu_loras=resident_versions(self.cfg),
+                                  inflight=r.inflight_kv if r.inflight_updates else None, **kw)
 
     def setup(self, *args, **kwargs) -> dict[str, Any]:
         info = super().setup(*args, **kwargs)
@@ -134,6 +136,13 @@ class StreamingRolloutWorker(StreamingWeightGroupMember, RolloutWorker):
                 merged = AdapterUpdate(version, self.merger.merged(tensors, peft_config, partial=True), None)
                 await self._serve(version, str(self.store.write(merged)), False)
         return {"version": version}
+
+    def inflight_loads(self) -> list[dict]:
+        """The in-flight loads since the last call (version, requests kept, when paused and resumed),
+        handed to the driver once."""
+        loads = getattr(self.engine, "loads", None) or []
+        out, loads[:] = list(loads), []
+        return out
 
     def sleep(self) -> bool:
         return False

@@ -46,8 +46,16 @@ class Trajectory:
     transcript: list[dict[str, Any]] = field(default_factory=list)  # the turns after the prompt as text (W&B table)
     versions: list[int] = field(default_factory=list)  # the weight version each turn was sampled with
     error: str | None = None  # env_error: what the environment raised, one line
+    # each token's weight version (in-flight loads: a turn may span two); environment tokens take the
+    # version of the token before them. None until a sample carries versions
+    token_versions: list[int] | None = None
 
-    def add(self, ids: list[int], logprobs: list[float] | None) -> None:
+    def add(self, ids: list[int], logprobs: list[float] | None, versions: list[int] | None = None) -> None:
+        if versions is not None and self.token_versions is None:
+            self.token_versions = [versions[0] if versions else 0] * len(self.ids)
+        if self.token_versions is not None:
+            self.token_versions += versions if versions is not None else \
+                [self.token_versions[-1] if self.token_versions else 0] * len(ids)
         self.ids += ids
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
         self.mask += [1 if logprobs is not None else 0] * len(ids)
@@ -66,9 +74,9 @@ class Trajectory:
         the environment and the conversation alike: what the model wrote, special tokens included
         (a tool call may be written in them), only the end-of-turn token left out (what a faithful
         re-render of the history puts there)."""
-        self.add(list(sample.token_ids), list(sample.logprobs))
+        self.add(list(sample.token_ids), list(sample.logprobs), sample.versions)
         self.turns += 1
-        self.versions.append(int(version))
+        self.versions.append(min(sample.versions) if sample.versions else int(version))
         text = said(tok, sample.token_ids)
         self.transcript.append({"role": "assistant", "content": text})
         cut = StopReason.ABORT if sample.finish_reason == "abort" else None
@@ -212,7 +220,7 @@ def to_rollout(tok: Any, t: Trajectory, version: int, check: bool) -> Rollout:
     extra = {"env_sanity_diff": t.sanity_diff} if t.sanity_diff is not None else {}
     out = make_rollout(tok, t.record, t.prompt_ids, t.ids, t.logprobs, t.mask, t.stop_reason, t.turns, t.reward,
                        t.counters, t.transcript, version, list(t.versions), extra)
-    out.error = t.error
+    out.error, out.token_versions = t.error, t.token_versions
     return out
 
 

@@ -111,3 +111,19 @@ def cpu_prefill_kwargs(max_model_len: int, max_num_batched_tokens: int | None = 
                      max_num_batched_tokens, max_model_len)
         kwargs["max_num_batched_tokens"] = max(max_num_batched_tokens, max_model_len)
     return kwargs
+
+
+def check_inflight_support(async_llm_cls) -> None:
+    """In-flight updates (``rollout.inflight_updates``) need vLLM 0.32's keep-mode pause and its
+    per-token weight-version spans (``CompletionOutput.weight_versions``); one line if missing."""
+    import inspect
+
+    import vllm.outputs
+
+    pause = getattr(async_llm_cls, "pause_generation", None)
+    ok = (pause is not None and "mode" in inspect.signature(pause).parameters
+          and hasattr(async_llm_cls, "update_weight_version") and hasattr(vllm.outputs, "WeightVersionSpan"))
+    if not ok:
+        raise RuntimeError(f"rollout.inflight_updates needs vLLM's keep-mode pause and weight-version spans "
+                           f"(vLLM 0.32); this is vLLM {'.'.join(map(str, vllm_version()))}: set "
+                           f"rollout.inflight_updates false (the engine then drains before each load)")

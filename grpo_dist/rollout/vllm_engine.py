@@ -162,6 +162,17 @@ def to_sample(c, tokenizer=None) -> Sample:
     return Sample(token_ids=ids, text=text, logprobs=lps, finish_reason=reason)
 
 
+def token_versions(c, start: int) -> list[int]:
+    """The weight version that sampled each token of a vLLM ``CompletionOutput``, from its
+    ``weight_versions`` spans (vLLM 0.32; labels are the versions as text, set at each in-flight
+    load): ``start`` where no span (the engine's label before any load, or no spans at all)."""
+    out = [start] * len(c.token_ids)
+    for span in getattr(c, "weight_versions", None) or []:
+        v = int(span.version) if str(span.version).isdigit() else start
+        out[span.start:span.end] = [v] * (span.end - span.start)
+    return out
+
+
 def in_process_llm(kwargs: dict):
     """``vllm.LLM(**kwargs)`` with its engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING``
     0, the one-process executor): no engine-core and worker processes to spawn, each importing

@@ -166,7 +166,8 @@ class RolloutWorker(WeightGroupMember):
         return RolloutGroup(prompt_id=rec.id, rollouts=[
             Rollout(prompt_id=rec.id, prompt=rec.prompt, prompt_ids=list(pids), completion=s.text,
                     completion_ids=s.token_ids, logprobs=s.logprobs, finish_reason=s.finish_reason,
-                    adapter_version=version, columns=dict(rec.columns))
+                    adapter_version=min(s.versions, default=version) if s.versions else version,
+                    columns=dict(rec.columns), token_versions=s.versions)
             for s in outs])
 
     # -- weight sync -----------------------------------------------------------------------
