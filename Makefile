@@ -60,12 +60,10 @@ demo: $(STAMP)
 	$(VENV)/bin/grpo-dist train --config configs/tiny_cpu.yaml
 
 # The real model in minutes (issue 45): SmolLM2-135M-Instruct on the recipe's task, level-1 problems, a few
-# short steps, 64 held-out prompts before and after. The full recipe: configs/smollm2_cpu.yaml (README).
-SMOKE_ARGS = --output_dir runs/smollm2_smoke --data.path 'builtin:word_problems?difficulty=1&instruction=varied' \
-	--trainer.steps 6 --rollout.max_tokens 96 --learner.warmup_steps 1 --data.eval_size 64 \
-	--eval.samples_per_prompt 1 --eval.pass_k '[1]' --eval.extra '{}' --checkpoint.every 0 --logging.sample_table_every 0
+# short steps, 64 held-out prompts before and after (README: 0.062 -> 0.547 sampled in 262 s). The full recipe:
+# configs/smollm2_cpu.yaml.
 smollm2-smoke: $(STAMP)
-	$(VENV)/bin/grpo-dist train --config configs/smollm2_cpu.yaml $(SMOKE_ARGS) $(ARGS)
+	$(VENV)/bin/grpo-dist train --config configs/smollm2_cpu.yaml --output_dir runs/smollm2_smoke --data.path 'builtin:word_problems?difficulty=1&instruction=varied' --trainer.steps 6 --rollout.max_tokens 96 --learner.warmup_steps 1 --data.eval_size 64 --eval.samples_per_prompt 1 --eval.pass_k '[1]' --eval.extra '{}' --checkpoint.every 0 --logging.sample_table_every 0
 
 bench: $(STAMP)
 	$(PY) benchmarks/logprobs.py

@@ -25,6 +25,7 @@ def _lease():
 
 
 @pytest.mark.slow
+@pytest.mark.budget(300)  # 129 s on 2 cores (2026-11-28): three grpo-dist train runs, each its own cluster
 def test_dry_run_fills_every_setting_and_column_under_the_lease(tmp_path):
     """The rehearsal: the GPU-specific settings (colocated and LoRA on the tiny Llama, full weights over the
     collective on the tiny Qwen2), as gpu_e2e's dry run, run by the lease: finite

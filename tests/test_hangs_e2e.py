@@ -139,6 +139,7 @@ def check_no_group_lost(out: Path, restarts: int) -> None:
     assert done[-1]["cluster/restarts"] == restarts
 
 
+@pytest.mark.budget(420)  # 216 s on 2 cores (2026-11-28): a run, a hang, a kill and a hung reward actor, each waited out
 def test_hung_and_killed_engine_in_process_and_a_hung_reward_actor(pretrained_model_dir, tmp_path):
     """The engine in the rollout actor's process (the CPU default): SIGSTOP it mid-generation
     (silent: hung after the heartbeat timeout), SIGKILL it between steps (a dead actor), SIGSTOP
