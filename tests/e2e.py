@@ -119,3 +119,21 @@ def engine_processes(actor, title: str, timeout: float = 300) -> list:
         except psutil.NoSuchProcess:
             continue
     return found
+
+
+def hf_logprob_diff(model_dir, rollouts) -> float:
+    """The largest |engine log-prob - Hugging Face's| over the sampled tokens of ``rollouts``, with
+    ``model_dir``'s weights in float32: near 0 when the engine serves those weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    d = 0.0
+    with torch.no_grad():
+        for r in rollouts:
+            ids = torch.tensor([r.prompt_ids + r.completion_ids])
+            logp = torch.log_softmax(hf(ids).logits[0, :-1].float(), -1)
+            n = len(r.prompt_ids)
+            ref = logp[n - 1:].gather(-1, ids[0, n:, None])[:, 0].tolist()
+            d = max([d] + [abs(a - b) for a, b in zip(r.logprobs, ref)])
+    return d

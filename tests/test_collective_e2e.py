@@ -107,20 +107,8 @@ def test_engine_loads_buckets_in_place_without_ray(tiny_model_dir, tmp_path):
         assert out["version"] == 5 == w.version and out["buckets"] == len(plan(manifest)) > 20
         recs = [PromptRecord(id=i, prompt=f"{i}+{2 * i}=", columns={}) for i in range(3)]
         rollouts = [r for g in w.generate(recs, n=2, temperature=1.0, seed=3) for r in g.rollouts]
-        diff = {}
-        for name, path in (("loaded", other), ("started", tiny_model_dir)):
-            from transformers import AutoModelForCausalLM
-
-            hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-            d = 0.0
-            with torch.no_grad():
-                for r in rollouts:
-                    ids = torch.tensor([r.prompt_ids + r.completion_ids])
-                    logp = torch.log_softmax(hf(ids).logits[0, :-1].float(), -1)
-                    n = len(r.prompt_ids)
-                    ref = logp[n - 1:].gather(-1, ids[0, n:, None])[:, 0].tolist()
-                    d = max([d] + [abs(a - b) for a, b in zip(r.logprobs, ref)])
-            diff[name] = d
+        diff = {name: e2e.hf_logprob_diff(path, rollouts)
+                for name, path in (("loaded", other), ("started", tiny_model_dir))}
         print(f"engine vs HF of the loaded weights {diff['loaded']:.1e}, of the ones it started with {diff['started']:.1e}")
         assert diff["loaded"] < 1e-4 and diff["started"] > 1e-2
         group.close()

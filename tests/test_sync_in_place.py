@@ -11,25 +11,10 @@ from __future__ import annotations
 
 import pickle
 
+import e2e
 import pytest
-import torch
 
 pytestmark = pytest.mark.slow
-
-
-def _hf_diff(model_dir, rollouts) -> float:
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    d = 0.0
-    with torch.no_grad():
-        for r in rollouts:
-            ids = torch.tensor([r.prompt_ids + r.completion_ids])
-            logp = torch.log_softmax(hf(ids).logits[0, :-1].float(), -1)
-            n = len(r.prompt_ids)
-            ref = logp[n - 1:].gather(-1, ids[0, n:, None])[:, 0].tolist()
-            d = max([d] + [abs(a - b) for a, b in zip(r.logprobs, ref)])
-    return d
 
 
 def test_payload_transports_load_in_place_through_shared_memory(tiny_model_dir, tmp_path):
@@ -61,14 +46,14 @@ def test_payload_transports_load_in_place_through_shared_memory(tiny_model_dir, 
                             protocol=5, buffer_callback=buffers.append)
         out = w.load_weights(obj.receive(pickle.loads(blob, buffers=[bytes(memoryview(b)) for b in buffers])))
         assert out["version"] == 5 == w.version and out["write_s"] == 0.0
-        loaded, started = _hf_diff(other, served()), _hf_diff(tiny_model_dir, served())
+        loaded, started = e2e.hf_logprob_diff(other, served()), e2e.hf_logprob_diff(tiny_model_dir, served())
         print(f"object store: engine vs HF of the weights sent {loaded:.1e}, of its own before {started:.1e}")
         assert loaded < 1e-4 and started > 1e-2
 
         fs = FilesystemTransport(tmp_path / "shared")  # back to the weights it started with
         path = fs.publish(AdapterUpdate(6, load_file(str(tiny_model_dir / "model.safetensors")), None))
         assert w.load_weights(fs.receive(path))["version"] == 6
-        assert _hf_diff(tiny_model_dir, served()) < 1e-4
+        assert e2e.hf_logprob_diff(tiny_model_dir, served()) < 1e-4
         assert w.store.versions == [] and list(w.store.root.iterdir()) == []  # no directory written
     finally:
         w.close()
