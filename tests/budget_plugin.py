@@ -8,12 +8,14 @@ budget is ``@pytest.mark.budget(seconds)`` where set, else ``DEFAULT_SLOW_S`` fo
 (it starts the real stack) and ``DEFAULT_FAST_S`` for the rest. Budgets leave about 2x headroom over the
 times measured on the 2-core CI machine
 (docs/development.md has the table); ``GRPO_DIST_TEST_BUDGET_SCALE`` multiplies every budget (a slower
-machine), ``0`` turns the check off (the table is still printed). Works with pytest-xdist: each worker
+machine), ``0`` turns the check off (the table is still printed); ``GRPO_DIST_TEST_TIMES=FILE`` writes
+every test's time as JSON (``{nodeid: seconds}``) for a per-file account. Works with pytest-xdist: each worker
 attaches the budget to the test's report, the controller adds up and judges.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections import defaultdict
@@ -104,5 +106,9 @@ class Budgets:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session, exitstatus):
+        dump = os.environ.get("GRPO_DIST_TEST_TIMES")
+        if dump and not self.worker and self.times:
+            with open(dump, "w") as f:
+                json.dump(dict(sorted(self.times.items(), key=lambda x: -x[1])), f, indent=1)
         if not self.worker and exitstatus == 0 and self.over_budget():
             session.exitstatus = 1

