@@ -11,15 +11,14 @@ from pathlib import Path
 # One user-level cache, the same from every directory (a cache under the current directory made a
 # run from elsewhere compile DeepSpeed's op again): GRPO_DIST_CACHE, else $XDG_CACHE_HOME/grpo_dist,
 # else ~/.cache/grpo_dist.
-PROJECT_CACHE = Path(os.environ.get("GRPO_DIST_CACHE")
-                     or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "grpo_dist")
-
-
 def project_cache() -> Path:
-    """PROJECT_CACHE as the environment says now (a test or a launcher may set GRPO_DIST_CACHE after
+    """The cache as the environment says now (a test or a launcher may set GRPO_DIST_CACHE after
     import): the converted packaged models, the test models, DeepSpeed's ops, the evaluations."""
     return Path(os.environ.get("GRPO_DIST_CACHE")
                 or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "grpo_dist")
+
+
+PROJECT_CACHE = project_cache()  # as at import (DeepSpeed's ops directory is exported from it)
 
 
 def setup_env() -> dict[str, str]:
