@@ -121,13 +121,15 @@ def engine_processes(actor, title: str, timeout: float = 300) -> list:
     return found
 
 
-def hf_logprob_diff(model_dir, rollouts) -> float:
+def hf_logprob_diff(model, rollouts) -> float:
     """The largest |engine log-prob - Hugging Face's| over the sampled tokens of ``rollouts``, with
-    ``model_dir``'s weights in float32: near 0 when the engine serves those weights."""
+    ``model``'s weights in float32 (a model directory, or a model already loaded): near 0 when the
+    engine serves those weights."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    hf = model if isinstance(model, torch.nn.Module) else \
+        AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     d = 0.0
     with torch.no_grad():
         for r in rollouts:

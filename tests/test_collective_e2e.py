@@ -49,13 +49,7 @@ def engines_vs_learner(run, model_dir) -> tuple[list[float], float]:
                            behaviour_logprobs=[r.logprobs for r in rollouts], advantages=[0.0] * len(rollouts))
         learner_lp = ray.get(w.learner.actors[0].compute_logprobs.remote(batch))
         diffs.append(max(abs(a - b) for r, lp in zip(rollouts, learner_lp) for a, b in zip(r.logprobs, lp)))
-        with torch.no_grad():
-            for r in rollouts:
-                ids = torch.tensor([r.prompt_ids + r.completion_ids])
-                logp = torch.log_softmax(base(ids).logits[0, :-1].float(), -1)
-                n = len(r.prompt_ids)
-                base_lp = logp[n - 1:].gather(-1, ids[0, n:, None])[:, 0].tolist()
-                to_base = max([to_base] + [abs(a - b) for a, b in zip(r.logprobs, base_lp)])
+        to_base = max(to_base, e2e.hf_logprob_diff(base, rollouts))
     assert all(c == completions[0] for c in completions)  # same weights, same seeds: same tokens
     return diffs, to_base
 
