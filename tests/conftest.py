@@ -26,18 +26,32 @@ os.environ["GRPO_DIST_EVAL_CACHE"] = "off"
 # pytest-xdist (`make test`: two workers): every test belongs to a group that runs whole on one worker,
 # in file order (FileGroups). A group is its file (a module's fixtures, e.g. a training run several
 # tests read, are built once), or one of XDIST_GROUPS: the network-namespace hosts are one set per
-# machine, and two SmolLM2 runs at once would need more memory than a CI machine has. The longest
-# groups go first (SLOW_FIRST, from `--durations`; `--no-loadscope-reorder` keeps that order), so
-# that neither worker is left with a long one at the end while the other idles.
+# machine, and two SmolLM2 runs at once would need more memory than a CI machine has. The groups go
+# longest first (GROUP_SECONDS: each one's test time in the last clean-clone CI run; a group not in it
+# counts NEW_GROUP_S), each to whichever worker frees first (`--no-loadscope-reorder` keeps this order),
+# so the last groups are short ones and neither worker idles long at the end while the other runs a long one.
 XDIST_GROUPS = {
     "netns": ("test_netns_hosts.py", "test_netns_job.py"),
     "smollm2": ("test_real_model.py", "test_real_model_train.py", "test_bench_trl_script.py", "test_env_chat.py",
                 "test_model_source.py"),
 }
-SLOW_FIRST = ("test_hangs_e2e.py", "netns", "smollm2", "test_presets_e2e.py", "test_stream_e2e.py",
-              "test_collective_e2e.py", "test_gpu_lease.py", "test_multinode.py", "test_learners_ray.py",
-              "test_console.py", "test_failures_after_start.py", "test_resume_exact.py", "test_reproducibility.py",
-              "test_ray_job.py", "test_demo_staleness.py", "test_pipeline_e2e.py", "test_e2e.py")
+# measured 2026-11-29 (CI=true bash .ci/run on a clean clone, GRPO_DIST_TEST_TIMES; docs/development.md)
+GROUP_SECONDS = {
+    "smollm2": 284, "test_hangs_e2e.py": 239, "test_multinode.py": 224, "test_presets_e2e.py": 214,
+    "test_pipeline_e2e.py": 192, "test_collective_e2e.py": 173, "test_failures_after_start.py": 170,
+    "test_console.py": 161, "test_stream_e2e.py": 158, "test_resume_exact.py": 130, "test_e2e.py": 96,
+    "test_heartbeat.py": 80, "test_agent_frameworks.py": 79, "netns": 74, "test_vllm_plugin.py": 73,
+    "test_reproducibility.py": 70, "test_learner_dist.py": 70, "test_launch_cluster.py": 68, "test_ray_job.py": 58,
+    "test_evaluation.py": 54, "test_agent_stream.py": 54, "test_vllm_versions.py": 51, "test_preflight.py": 51,
+    "test_env_async.py": 45, "test_learners_ray.py": 36, "test_sync_in_place.py": 34, "test_local_auth.py": 33,
+    "test_rollout_dtype_e2e.py": 32, "test_disk_e2e.py": 30, "test_env_eval.py": 24, "test_inflight_engine.py": 23,
+    "test_sandbox.py": 21, "test_rollout_is_e2e.py": 20, "test_stream_pipeline.py": 19, "test_merge.py": 17,
+    "test_reaper.py": 17, "test_agent_endpoint.py": 17, "test_engine_thread.py": 16, "test_rollout_fn.py": 16,
+    "test_node_loss.py": 14, "test_learner.py": 12, "test_budget_plugin.py": 10, "test_eval_adapter_check.py": 10,
+    "test_cli.py": 9, "test_gpu_lease.py": 8, "test_collective_buckets.py": 7, "test_sandbox_sockets.py": 7,
+    "test_docs.py": 6, "test_reward_math.py": 5,
+}
+NEW_GROUP_S = 15  # a new file: after the long groups, before the quick ones; measure it and add it above
 
 
 def group_of(nodeid: str) -> str:
@@ -47,8 +61,11 @@ def group_of(nodeid: str) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    rank = {g: i for i, g in enumerate(SLOW_FIRST)}
-    items.sort(key=lambda it: rank.get(group_of(it.nodeid), len(rank)))  # stable: file order kept within a group
+    seconds = dict.fromkeys((group_of(it.nodeid) for it in items), 0)
+    for it in items:
+        g = group_of(it.nodeid)
+        seconds[g] = GROUP_SECONDS.get(g, max(seconds[g], NEW_GROUP_S if "slow" in it.keywords else 0))
+    items.sort(key=lambda it: -seconds[group_of(it.nodeid)])  # stable: file order kept within a group
 
 
 @pytest.hookimpl(optionalhook=True)
