@@ -13,12 +13,15 @@ from grpo_dist.config import load_config
 from grpo_dist.models import gguf_source
 
 
-def _gguf(path, arch: str):
-    """A minimal GGUF file with ``general.architecture = arch`` and one tensor."""
+def _gguf(path, arch: str, fill=None):
+    """A minimal GGUF file with ``general.architecture = arch`` and one tensor; ``fill(writer)``
+    adds metadata fields first."""
     import numpy as np
     from gguf import GGUFWriter
 
     w = GGUFWriter(str(path), arch)
+    if fill is not None:
+        fill(w)
     w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -183,12 +183,9 @@ def gguf_architecture(path: Path) -> str:
     if magic != GGUF_MAGIC:
         raise ModelSourceError(f"{path} is not a GGUF file (starts with {magic!r}, expected {GGUF_MAGIC!r})")
     try:
-        from gguf import GGUFReader
-    except ImportError:
-        raise ModelSourceError("reading GGUF files needs the gguf package (pip install gguf)") from None
-    try:
-        field = GGUFReader(str(path)).get_field("general.architecture")
-        arch = field.contents() if field is not None else None
+        arch = _metadata(path, "general.architecture")
+    except ModelSourceError:
+        raise
     except Exception as e:  # noqa: BLE001 - a truncated or corrupt file
         raise ModelSourceError(f"{path}: cannot read its GGUF metadata: {type(e).__name__}: {e}") from None
     if not arch:
@@ -297,9 +294,27 @@ def _quiet():
 def _file_type(gguf: Path) -> str:
     """The GGUF's quantization (``general.file_type`` as a name, e.g. MOSTLY_Q4_1 -> Q4_1)."""
     try:
-        from gguf import GGUFReader, LlamaFileType
+        from gguf import LlamaFileType
 
-        field = GGUFReader(str(gguf)).get_field("general.file_type")
-        return LlamaFileType(int(field.contents())).name.replace("MOSTLY_", "") if field is not None else "unknown"
+        value = _metadata(gguf, "general.file_type")
+        return LlamaFileType(int(value)).name.replace("MOSTLY_", "") if value is not None else "unknown"
     except Exception:  # noqa: BLE001 - informational only
         return "unknown"
+
+
+def _metadata(path: Path, key: str):
+    """One metadata field (None when absent): read from the header alone (gguf_header.py, ~5 s
+    less a call than opening the file with ``gguf.GGUFReader``, which parses the whole vocabulary),
+    else, for a file that reader does not know, through ``GGUFReader``."""
+    from grpo_dist.models.gguf_header import GGUFHeaderError, read_metadata
+
+    try:
+        return read_metadata(path, [key]).get(key)
+    except GGUFHeaderError:
+        pass
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        raise ModelSourceError("reading GGUF files needs the gguf package (pip install gguf)") from None
+    field = GGUFReader(str(path)).get_field(key)
+    return field.contents() if field is not None else None
