@@ -27,7 +27,7 @@ os.environ["GRPO_DIST_EVAL_CACHE"] = "off"
 # in file order (FileGroups). A group is its file (a module's fixtures, e.g. a training run several
 # tests read, are built once), or one of XDIST_GROUPS: the network-namespace hosts are one set per
 # machine, and two SmolLM2 runs at once would need more memory than a CI machine has. The groups go
-# longest first (GROUP_SECONDS: each one's test time in the last clean-clone CI run; a group not in it
+# longest first (GROUP_SECONDS: each one's test time in clean-clone CI runs; a group not in it
 # counts NEW_GROUP_S), each to whichever worker frees first (`--no-loadscope-reorder` keeps this order),
 # so the last groups are short ones and neither worker idles long at the end while the other runs a long one.
 XDIST_GROUPS = {
@@ -35,21 +35,22 @@ XDIST_GROUPS = {
     "smollm2": ("test_real_model.py", "test_real_model_train.py", "test_bench_trl_script.py", "test_env_chat.py",
                 "test_model_source.py"),
 }
-# measured 2026-11-29 (CI=true bash .ci/run on a clean clone, GRPO_DIST_TEST_TIMES; docs/development.md)
+# measured 2026-11-29: the mean of two runs of CI=true bash .ci/run on a clean clone, cold caches
+# (GRPO_DIST_TEST_TIMES; docs/development.md)
 GROUP_SECONDS = {
-    "smollm2": 284, "test_hangs_e2e.py": 239, "test_multinode.py": 224, "test_presets_e2e.py": 214,
-    "test_pipeline_e2e.py": 192, "test_collective_e2e.py": 173, "test_failures_after_start.py": 170,
-    "test_console.py": 161, "test_stream_e2e.py": 158, "test_resume_exact.py": 130, "test_e2e.py": 96,
-    "test_heartbeat.py": 80, "test_agent_frameworks.py": 79, "netns": 74, "test_vllm_plugin.py": 73,
-    "test_reproducibility.py": 70, "test_learner_dist.py": 70, "test_launch_cluster.py": 68, "test_ray_job.py": 58,
-    "test_evaluation.py": 54, "test_agent_stream.py": 54, "test_vllm_versions.py": 51, "test_preflight.py": 51,
-    "test_env_async.py": 45, "test_learners_ray.py": 36, "test_sync_in_place.py": 34, "test_local_auth.py": 33,
-    "test_rollout_dtype_e2e.py": 32, "test_disk_e2e.py": 30, "test_env_eval.py": 24, "test_inflight_engine.py": 23,
-    "test_sandbox.py": 21, "test_rollout_is_e2e.py": 20, "test_stream_pipeline.py": 19, "test_merge.py": 17,
-    "test_reaper.py": 17, "test_agent_endpoint.py": 17, "test_engine_thread.py": 16, "test_rollout_fn.py": 16,
-    "test_node_loss.py": 14, "test_learner.py": 12, "test_budget_plugin.py": 10, "test_eval_adapter_check.py": 10,
-    "test_cli.py": 9, "test_gpu_lease.py": 8, "test_collective_buckets.py": 7, "test_sandbox_sockets.py": 7,
-    "test_docs.py": 6, "test_reward_math.py": 5,
+    "smollm2": 264, "test_presets_e2e.py": 245, "test_multinode.py": 217, "test_pipeline_e2e.py": 202,
+    "test_hangs_e2e.py": 171, "test_failures_after_start.py": 159, "test_console.py": 154,
+    "test_collective_e2e.py": 151, "test_stream_e2e.py": 150, "test_resume_exact.py": 128, "test_heartbeat.py": 91,
+    "test_e2e.py": 82, "test_reproducibility.py": 79, "test_agent_frameworks.py": 70, "netns": 67,
+    "test_learner_dist.py": 64, "test_launch_cluster.py": 60, "test_ray_job.py": 57, "test_vllm_versions.py": 52,
+    "test_evaluation.py": 51, "test_agent_stream.py": 50, "test_preflight.py": 50, "test_env_async.py": 44,
+    "test_vllm_plugin.py": 39, "test_learners_ray.py": 38, "test_local_auth.py": 31, "test_disk_e2e.py": 31,
+    "test_rollout_dtype_e2e.py": 30, "test_sync_in_place.py": 29, "test_inflight_engine.py": 23,
+    "test_env_eval.py": 23, "test_sandbox.py": 21, "test_rollout_is_e2e.py": 17, "test_reaper.py": 17,
+    "test_stream_pipeline.py": 17, "test_rollout_fn.py": 16, "test_merge.py": 16, "test_engine_thread.py": 16,
+    "test_agent_endpoint.py": 15, "test_node_loss.py": 14, "test_budget_plugin.py": 10, "test_learner.py": 10,
+    "test_eval_adapter_check.py": 10, "test_cli.py": 9, "test_gpu_lease.py": 8, "test_sandbox_sockets.py": 7,
+    "test_collective_buckets.py": 7, "test_reward_math.py": 6, "test_docs.py": 5,
 }
 NEW_GROUP_S = 15  # a new file: after the long groups, before the quick ones; measure it and add it above
 
