@@ -1,7 +1,7 @@
 """A few scalar fields of a GGUF file's metadata, read without parsing the rest.
 
 ``gguf.GGUFReader`` builds every field of the file as numpy views as it opens it: for a chat model
-that is the whole vocabulary (~49k token strings, their scores and types), 5 s a file on the CI
+that is the whole vocabulary (~49k token strings, their scores and types), 2.6 s a file on the CI
 machine, for one ``general.architecture``. This reads the key/value section in order and stops at
 the last key asked for, stepping over arrays by their lengths (little-endian GGUF v2/v3, the
 format's layout: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md). Standard library only.
