@@ -253,3 +253,36 @@ def responses(base_url: str, row: dict, log: str | None = None) -> float:
     _log(log, rs=[[r.status, r.output_text, r.usage.output_tokens, len([i for i in r.output if i.type == "function_call"])]
                   for r in (r1, r2, r3, r4)], streamed=[kinds, text])
     return 1.0
+
+
+LONG_SYSTEM = "You solve sums step by step. " + " ".join(f"Rule {i}: add {i} and {i + 1}." for i in range(400))
+
+
+class AgentGenerationError(Exception):
+    """A framework's wrapper of the SDK's error, as smolagents writes it (smolagents.utils.AgentGenerationError):
+    the message is "Error while generating output:\\n<the error>", its first line empty of the reason."""
+
+
+def too_long(base_url: str, row: dict, wrap: bool = True) -> float:
+    """A system prompt longer than the context (as smolagents' ~1,300 tokens in 1,024): the first
+    request is refused; the SDK's error is raised wrapped as a framework does (``wrap``), or as is."""
+    client = openai.OpenAI(base_url=base_url, api_key="-", max_retries=0)
+    msgs = [{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": str(row["prompt"])}]
+    try:
+        client.chat.completions.create(model="policy", messages=msgs, max_tokens=8)
+    except openai.BadRequestError as e:
+        if not wrap:
+            raise
+        raise AgentGenerationError(f"Error while generating output:\n{e}") from e
+    return 1.0
+
+
+def smolagents_plain(base_url: str, row: dict) -> float:
+    """smolagents' ToolCallingAgent as its docs write it (no tools of its own: its final_answer
+    tool and system prompt), nothing caught: a new user's agent."""
+    from smolagents import OpenAIServerModel, ToolCallingAgent
+
+    llm = OpenAIServerModel(model_id="policy", api_base=base_url, api_key="-", client_kwargs={"max_retries": 0})
+    agent = ToolCallingAgent(tools=[], model=llm, max_steps=1, verbosity_level=0)
+    agent.run(str(row["prompt"]))
+    return 1.0

@@ -228,6 +228,24 @@ def test_wandb_records_lost_on_a_full_disk_are_reported(small_disk):
         wb.close()
 
 
+def test_pyproject_pins_wandb_to_the_release_whose_wording_the_test_above_checks():
+    """``WandbMonitor.check`` reads wandb-core's own log line, which a release may reword: the
+    test above runs the installed wandb, so pyproject admits that minor release only."""
+    import tomllib
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    deps = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["dependencies"]
+    spec = next(r.specifier for r in map(Requirement, deps) if r.name == "wandb")
+    v = Version(version("wandb"))
+    assert v in spec, f"the installed wandb {v} (tested) is outside pyproject's wandb{spec}"
+    before, after = Version(f"{v.major}.{v.minor - 1}.99") if v.minor else None, Version(f"{v.major}.{v.minor + 1}.0")
+    untested = [str(x) for x in (before, after) if x is not None and x in spec]
+    assert not untested, f"pyproject's wandb{spec} admits untested releases {untested} (tested: {v})"
+
+
 def test_worker_log_router_never_raises_on_a_full_disk(small_disk):
     from grpo_dist.cluster.worker_logs import WorkerLogs, _QuietHandler
 

@@ -132,7 +132,7 @@ class AgentRollouts:
         except asyncio.TimeoutError:
             stop = StopReason.TIMEOUT
         except Exception as e:  # noqa: BLE001 - the trajectory ends as env_error, the run goes on
-            stop, raised, error = StopReason.ENV_ERROR, traceback.format_exc(), error_line(e, "agent")
+            stop, raised, error = StopReason.ENV_ERROR, traceback.format_exc(), agent_error(e, session)
         finally:
             self.server.close(key)
             finished()
@@ -142,6 +142,16 @@ class AgentRollouts:
         out = to_rollout(tok, rec, prompt_ids, traj, session.calls, stop, reward, version, session.versions)
         out.error = error
         return out
+
+
+def agent_error(e: BaseException, session: AgentSession) -> str:
+    """The line naming an agent's exception; with the endpoint's reason for the first request it
+    refused, where the line lacks it: a framework's wrapper often puts the SDK's error (which has
+    it) after a first line of its own (smolagents: "Error while generating output:")."""
+    line, why = error_line(e, "agent"), session.refused
+    if why is None or str(why) in line:
+        return line
+    return f"{line} [the endpoint refused its request ({why.status} {why.code or 'invalid_request_error'}): {why}]"
 
 
 def _sample(tok: Any, rec: Any, seg: Segment | None, prompt_ids: list[int], stop: str, version: int, turns: int,

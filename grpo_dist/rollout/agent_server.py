@@ -68,6 +68,7 @@ class AgentSession:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     responses: dict = field(default_factory=dict)  # a /responses answer's id -> its conversation (chat messages)
     versions: list = field(default_factory=list)  # the weight version of each call (None: the worker call's)
+    refused: AgentRequestError | None = None  # the first request refused: named if the agent then raises
 
     def _limits(self, body: dict[str, Any], prompt_len: int) -> tuple[int, str]:
         """The call's max_tokens and what bounds it ("length", "budget", "context")."""
@@ -80,6 +81,7 @@ class AgentSession:
                                     code="max_turns")
         left = self.budget - self.traj.sampled
         room = self.max_model_len - prompt_len
+        want = self.sampling.max_tokens if asked is None else asked
         if left < 1:
             self.cut = "budget"
             raise AgentRequestError(f"this trajectory sampled its {self.budget} tokens (rollout.max_total_tokens, "
@@ -87,8 +89,9 @@ class AgentSession:
         if room < 1:
             self.cut = "context"
             raise AgentRequestError(f"{prompt_len} prompt tokens leave no room in model.max_model_len "
-                                    f"{self.max_model_len}", code="context_length_exceeded", param="messages")
-        want = self.sampling.max_tokens if asked is None else asked
+                                    f"{self.max_model_len}: raise it past {prompt_len + want} (this prompt + "
+                                    f"max_tokens {want}) or shorten the agent's messages",
+                                    code="context_length_exceeded", param="messages")
         m = min(want, left, room)
         return m, ("length" if m == want else "budget" if m == left else "context")
 
@@ -340,11 +343,11 @@ class AgentServer:
                                                                        .get("include_usage")))))
             return self._json(answer_body(answer))
         except AgentRequestError as e:
+            session.refused = session.refused or e
             return self._json(error_body(str(e), e.status, e.param, e.code), e.status)
         except Exception as e:  # noqa: BLE001 - the agent reads why, the trajectory goes on
             log.warning("agent endpoint: %s failed: %s: %s", route, type(e).__name__, e)
             return self._json(error_body(f"{type(e).__name__}: {e}", 500), 500)
-
 
     @staticmethod
     async def _stream(request, events):
