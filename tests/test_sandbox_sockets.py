@@ -108,14 +108,14 @@ def assert_refused(out: str) -> None:
 
 @contextlib.contextmanager
 def listening(where: str):
-    """A :class:`Listener` under /tmp or /run (in a directory of its own, ``.dir``), or on an
-    abstract name; closed and removed afterwards."""
+    """A :class:`Listener` under /tmp, /run or another directory (an absolute path; in a directory
+    of its own, ``.dir``), or on an abstract name; closed and removed afterwards."""
     d = None
     if where == "abstract":
         addr = f"\0grpo-sandbox-test-{os.getpid()}"
     else:
         try:
-            d = tempfile.mkdtemp(prefix="grpo-sock-", dir=f"/{where}")
+            d = tempfile.mkdtemp(prefix="grpo-sock-", dir=where if where.startswith("/") else f"/{where}")
         except OSError as e:
             pytest.skip(f"cannot make a directory in /{where}: {e}")
         addr = os.path.join(d, "s")
@@ -190,6 +190,38 @@ def test_the_filter_alone_refuses_sockets_in_plain_view():
     assert lis.got == []
 
 
+@contextlib.contextmanager
+def scratch_dir():
+    """A short directory outside every directory the sandbox hides by name (a scratch disk's
+    ``TMPDIR``): beneath the home; removed afterwards."""
+    d = tempfile.mkdtemp(prefix="g", dir=os.path.expanduser("~"))
+    try:
+        assert not any(os.path.realpath(d).startswith(h + "/") for h in map(os.path.realpath, sandbox.SOCKET_DIRS)), d
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.skipif(not ISO["dir_tmpfs"], reason="no mount namespace here")
+def test_sockets_under_the_temporary_directory_are_hidden_wherever_it_is(monkeypatch):
+    """``TMPDIR=/scratch/tmp``: a local cluster's session lives there (local_auth.private_temp_dir),
+    so the sandbox hides that directory too, by the hiding wall alone and with every wall."""
+    with scratch_dir() as base:
+        monkeypatch.setenv("TMPDIR", base)
+        monkeypatch.setattr(tempfile, "tempdir", None)
+        with listening(base) as lis:
+            code = f"import os\nprint(os.path.exists({lis.dir!r}), os.getcwd().startswith({base!r}))\n"
+            alone = _stub({"hide_dirs": sandbox.socket_dirs()}, code + attack(lis.addrs["STREAM"]), namespaces=True)
+            full = run(run_python(code))
+    assert alone.returncode == 0, alone.stderr
+    first, rest = alone.stdout.split("\n", 1)
+    assert first == "False True"  # out of sight; its own directory, beneath it, bound back
+    assert "STREAM FileNotFoundError" in rest.splitlines()
+    assert_refused(rest)
+    assert full.ok and full.stdout == "False True\n", full.text()
+    assert lis.got == []
+
+
 def test_without_a_socket_wall_the_sandbox_refuses_to_run(monkeypatch):
     monkeypatch.setattr(sandbox, "isolation", lambda: {**ISO, "seccomp": False, "unix_sockets": "not cut"})
     r = run(run_python("print('ran')"))
@@ -198,21 +230,30 @@ def test_without_a_socket_wall_the_sandbox_refuses_to_run(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not ISO["seccomp"], reason="no seccomp filters here: the sandbox refuses to run code")
-def test_code_cannot_reach_the_running_ray_sessions_sockets(ray_cluster):
+def test_code_cannot_reach_the_running_ray_sessions_sockets(ray_cluster, monkeypatch):
+    """The session started under another ``TMPDIR`` than the sandbox's parent has now: the live
+    session's own directories are hidden."""
     import ray
 
-    from grpo_dist.cluster.ray_utils import init_ray
+    from grpo_dist.cluster.ray_utils import init_ray, shutdown_ray
     from grpo_dist.config import load_config
 
-    init_ray(load_config(None, {"cluster": {"num_cpus": 2}}))
-
-    node = ray._private.worker.global_worker.node
-    socks = [node.raylet_socket_name, node.plasma_store_socket_name]
-    assert all(os.path.exists(s) for s in socks), socks
-    for s in socks:
-        r = run(run_python(f"import os\nprint(os.path.exists({s!r}))\n" + attack(s)))
-        assert r.returncode == 0, r.text()
-        first, rest = r.stdout.split("\n", 1)
-        assert first == str(not ISO["dir_tmpfs"] or not s.startswith(tuple(sandbox.socket_dirs())))
-        assert_refused(rest)
-    assert ray.get(ray.remote(lambda: 1).remote()) == 1  # the cluster is unharmed
+    with scratch_dir() as base:
+        try:
+            with monkeypatch.context() as m:
+                m.setenv("TMPDIR", base)
+                m.setattr(tempfile, "tempdir", None)
+                init_ray(load_config(None, {"cluster": {"num_cpus": 2}}))
+            node = ray._private.worker.global_worker.node
+            socks = [node.raylet_socket_name, node.plasma_store_socket_name]
+            assert all(os.path.exists(s) and s.startswith(base) for s in socks), socks
+            assert tempfile.gettempdir() != base
+            for s in socks:
+                r = run(run_python(f"import os\nprint(os.path.exists({s!r}))\n" + attack(s)))
+                assert r.returncode == 0, r.text()
+                first, rest = r.stdout.split("\n", 1)
+                assert first == str(not ISO["dir_tmpfs"])  # out of sight wherever a mount can hide it
+                assert_refused(rest)
+            assert ray.get(ray.remote(lambda: 1).remote()) == 1  # the cluster is unharmed
+        finally:
+            shutdown_ray()

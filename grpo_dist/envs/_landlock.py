@@ -1,5 +1,9 @@
 """The sandbox child's bootstrap: its directory's tmpfs, the host's socket directories hidden,
-limits, Landlock, the seccomp filter, then the user's script (see sandbox.py).
+limits, every capability dropped, Landlock, the seccomp filter, then the user's script (see
+sandbox.py). In the sandbox's namespaces the bootstrap is their PID 1: it makes the mounts,
+drops its capabilities, makes itself non-dumpable (no /proc/1/mem, environ or maps for its
+children), forks the process that runs the code, and applies Landlock and the filter to itself
+too; the code starts once PID 1 carries them.
 
 This file's own text is what the child runs (``python -I -c STUB conf``, after _seccomp.py's
 text), so it imports only the standard library; in the parent it only provides
@@ -9,6 +13,7 @@ library): ``landlock_create_ruleset`` 444, ``landlock_add_rule`` 445,
 """
 
 import ctypes
+import errno
 import json
 import os
 import resource
@@ -20,7 +25,8 @@ if __name__ != "__main__":  # in the child, _seccomp.py's text precedes this fil
 _CREATE, _ADD_RULE, _RESTRICT = 444, 445, 446
 _VERSION_FLAG = 1  # LANDLOCK_CREATE_RULESET_VERSION
 _RULE_PATH_BENEATH = 1
-_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_NO_NEW_PRIVS, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_CAP_AMBIENT = 38, 4, 24, 47
+_CAP_AMBIENT_CLEAR_ALL, _CAPABILITY_VERSION_3 = 4, 0x20080522
 # filesystem rights (ABI 1, then REFER in 2, TRUNCATE in 3, IOCTL_DEV in 5)
 EXECUTE, WRITE_FILE, READ_FILE, READ_DIR, REMOVE_DIR, REMOVE_FILE = (1 << b for b in range(6))
 MAKE_ALL = sum(1 << b for b in range(6, 13))  # char, dir, reg, sock, fifo, block, sym
@@ -87,6 +93,39 @@ def hide_dirs(dirs: list, keep: list) -> None:
         os.close(fd)
 
 
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def drop_capabilities() -> None:
+    """Drop every capability of this process for good (after the mounts, which needed them):
+    no_new_privs (an exec grants nothing, root's included), the bounding set where this process
+    may change it, the ambient, inheritable, permitted and effective sets. Raises OSError if any
+    capability remains."""
+    libc = _libc()
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    try:
+        with open("/proc/sys/kernel/cap_last_cap", encoding="ascii") as f:
+            last = int(f.read())
+    except (OSError, ValueError):
+        last = 63
+    for cap in range(last + 1):  # EPERM without CAP_SETPCAP (a user's process): no_new_privs covers exec then
+        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+    libc.prctl(_PR_CAP_AMBIENT, _CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    if libc.capset(ctypes.byref(_CapHeader(_CAPABILITY_VERSION_3, 0)), (_CapData * 2)()) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+    with open("/proc/self/status", encoding="ascii") as f:
+        kept = [ln.split(":")[0] for ln in f if ln.startswith(("CapInh", "CapPrm", "CapEff", "CapAmb"))
+                and int(ln.split()[1], 16)]
+    if kept:
+        raise OSError(errno.EPERM, f"capabilities kept: {' '.join(kept)}")
+
+
 def restrict(workdir: str, abi: int, read_dirs: list, read_files: list) -> None:
     """Landlock on this process and its children: writes only beneath ``workdir`` (and to
     /dev/null); reads only beneath it, ``read_dirs`` (and the system's library directories, with
@@ -134,17 +173,28 @@ def _refuse(wall: str, e: OSError) -> None:
     sys.exit(125)
 
 
+def _walls(conf: dict) -> None:
+    if conf["landlock_abi"] >= 1:
+        try:
+            restrict(conf["workdir"], conf["landlock_abi"], conf["read_dirs"], conf["read_files"])
+        except OSError as e:
+            _refuse("Landlock", e)
+    if conf["seccomp"]:
+        try:
+            install_filter(conf.get("process_rules"))
+        except OSError as e:
+            _refuse("the seccomp filter", e)
+
+
 def _main() -> None:
     conf = json.loads(sys.argv[1])
-    if os.getpid() == 1:  # a PID namespace's init ignores signals it has no handler for (SIGXCPU): run as its child
-        pid = os.fork()
-        if pid:
-            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-            os._exit(128 - code if code < 0 else code)
+    init = os.getpid() == 1  # PID 1 of the sandbox's own namespaces (unshare)
     work = conf["workdir"]
     path = os.path.join(work, "main.py")
     with open(path, encoding="utf-8") as f:
         source = f.read()
+    if (conf["dir_tmpfs"] or conf.get("hide_dirs")) and not init:  # a mount here would land on the host's
+        _refuse("the directory's tmpfs", OSError(errno.EPERM, "not in the sandbox's own mount namespace"))
     if conf["dir_tmpfs"]:  # the directory's total size: a tmpfs of dir_mb over it, private to this mount namespace
         try:
             mount_dir_tmpfs(work, conf["dir_mb"], conf["dir_files"])
@@ -165,16 +215,28 @@ def _main() -> None:
                        (resource.RLIMIT_NOFILE, (conf["open_files"],) * 2),
                        (resource.RLIMIT_CORE, (0, 0))):
         resource.setrlimit(res, value)
-    if conf["landlock_abi"] >= 1:
-        try:
-            restrict(work, conf["landlock_abi"], conf["read_dirs"], conf["read_files"])
-        except OSError as e:
-            _refuse("Landlock", e)
-    if conf["seccomp"]:
-        try:
-            install_filter()
-        except OSError as e:
-            _refuse("the seccomp filter", e)
+    try:
+        drop_capabilities()
+    except OSError as e:
+        _refuse("dropping capabilities", e)
+    if init:  # a PID namespace's init ignores signals it has no handler for (SIGXCPU): the code runs as its child
+        _libc().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+        ready, walled = os.pipe()
+        pid = os.fork()
+        if pid:
+            os.close(ready)
+            _walls(conf)  # on a refusal PID 1 exits, and the namespace's processes with it
+            os.write(walled, b"1")
+            os.close(walled)
+            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            os._exit(128 - code if code < 0 else code)
+        os.close(walled)
+        _libc().prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
+    _walls(conf)
+    if init:  # the code starts once PID 1 carries the walls
+        if os.read(ready, 1) != b"1":
+            os._exit(125)
+        os.close(ready)
     sys.argv = [path]
     sys.path[0] = work
     try:
