@@ -289,3 +289,21 @@ def test_the_test_switch_names_only_known_walls(monkeypatch):
     monkeypatch.setenv(WITHOUT_VAR, "namespace")
     with pytest.raises(ValueError, match=f"{WITHOUT_VAR}: unknown wall 'namespace'"):
         isolation()
+
+
+def test_the_code_environment_is_refused_at_construction_where_the_sandbox_would_refuse(monkeypatch):
+    """Pre-flight makes one instance of each environment: where the sandbox would refuse every call
+    (here no Landlock: files outside its directory have no wall), the run stops there in one line
+    naming the override in config terms, not after training on refusals."""
+    from grpo_dist.envs.builtin import PythonCodeEnv
+    from grpo_dist.envs.sandbox import WITHOUT_VAR
+
+    monkeypatch.setenv(WITHOUT_VAR, "landlock")
+    with pytest.raises(ValueError, match=r"no Landlock .*Set rollout\.env_kwargs \{allow: \[host_files\]\}"):
+        PythonCodeEnv()
+    env = PythonCodeEnv(allow=("host_files",))  # the user accepts the exposure
+    assert env.sandbox.allow_host_files
+    with pytest.raises(ValueError, match="allow: unknown"):
+        PythonCodeEnv(allow=("everything",))
+    monkeypatch.delenv(WITHOUT_VAR)
+    assert not PythonCodeEnv().sandbox.allow_host_files  # all walls here: nothing to accept

@@ -22,8 +22,11 @@ import re
 from typing import Any
 
 from grpo_dist.envs.base import EnvLimits, EnvStep, register_env
-from grpo_dist.envs.sandbox import SandboxLimits, run_python
+from grpo_dist.envs.sandbox import SandboxLimits, isolation, refusal, run_python
+
 from grpo_dist.envs.tools import ToolEnv
+
+ALLOWS = ("unix_sockets", "network", "host_processes", "host_files")  # PythonCodeEnv(allow=...)
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
@@ -113,10 +116,21 @@ class CalculatorEnv(ToolEnv):
 @register_env("python_code")
 class PythonCodeEnv(ToolEnv):
     def __init__(self, system_prompt: str | None = CODE_PROMPT, cpu_s: int = 5, memory_mb: int = 512,
-                 output_bytes: int = 4096, limits: EnvLimits | None = None, **kwargs: Any):
+                 output_bytes: int = 4096, limits: EnvLimits | None = None, allow: tuple[str, ...] = (),
+                 **kwargs: Any):
+        """``allow``: exposures the sandbox may accept where this machine lacks the walls against them
+        (``unix_sockets``, ``network``, ``host_processes``, ``host_files``; docs/security.md). Where it
+        would refuse to run code, making the environment fails (pre-flight: one line, before any actor)."""
         lim = limits or EnvLimits()
+        unknown = set(allow) - set(ALLOWS)
+        if unknown:
+            raise ValueError(f"allow: unknown {sorted(unknown)}; one of {list(ALLOWS)}")
         self.sandbox = SandboxLimits(cpu_s=cpu_s, memory_mb=memory_mb, output_bytes=output_bytes,
-                                     wall_s=lim.tool_timeout_s or 30.0)
+                                     wall_s=lim.tool_timeout_s or 30.0, **{f"allow_{a}": True for a in allow})
+        why = refusal(isolation(), self.sandbox)
+        if why:  # every call would answer this refusal: the run would train on it
+            raise ValueError(re.sub(r"Set SandboxLimits\(allow_(\w+)=True\)", r"Set rollout.env_kwargs {allow: [\1]}",
+                                    why))
         super().__init__([self.python], system_prompt=system_prompt, limits=lim, **kwargs)
 
     async def python(self, code: str) -> str:
