@@ -5,6 +5,8 @@ tests/test_failures_after_start.py."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from grpo_dist.config import load_config
@@ -52,3 +54,35 @@ def test_the_rate_over_the_window_and_over_the_whole_run():
     off.observe(_groups(["env_error"] * 4))
     off.end_step()
     off.check_run()
+
+
+def test_the_counts_go_into_the_checkpoint_and_a_resumed_run_judges_the_whole_run():
+    """Issue 52 item 3: a run preempted after every step (each segment a new watch loaded from the
+    last checkpoint's state, through JSON as trainer_state.json holds it) stops where an
+    uninterrupted one stops and fails at the end as it fails; before, each segment started from
+    zero: a segment's first step was taken for the run's first, and the run ended in success."""
+    cfg = load_config(None, {"rollout": {"agent": "agents.py:solve"}})
+    steps = [["env_error", "env_error", "env_error", "done"], ["env_error"] * 4, ["env_error", "done", "done", "done"]]
+    whole, state = EnvErrorWatch(cfg.rollout, 5), {}
+    for stops in steps:
+        segment = EnvErrorWatch(cfg.rollout, 5)
+        segment.load_state_dict(json.loads(json.dumps(state)))
+        for w in (whole, segment):
+            w.observe(_groups(stops))
+            assert w.end_step() == {"rollout/env_error_rate": whole.run_errors / whole.run_total}
+        state = segment.state_dict()
+    for w in (whole, segment):
+        with pytest.raises(EnvErrorRateError, match=r"ended 8 of its 12 trajectories \(67%\) over the whole run as "
+                                                    r"env_error .*; first error: agent: NotFoundError"):
+            w.check_run()
+    first = EnvErrorWatch(cfg.rollout, 2)
+    first.observe(_groups(steps[0]))
+    first.end_step()
+    window = EnvErrorWatch(cfg.rollout, 2)  # the window comes back too: full at the resumed run's first step
+    window.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    window.observe(_groups(steps[0]))
+    with pytest.raises(EnvErrorRateError, match=r"ended 75% of its 8 trajectories over the last 2 steps"):
+        window.end_step()
+    fresh = EnvErrorWatch(cfg.rollout, 2)
+    fresh.load_state_dict({})  # a checkpoint from before the counts were saved: a fresh start
+    assert fresh.state_dict() == EnvErrorWatch(cfg.rollout, 2).state_dict()

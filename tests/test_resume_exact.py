@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,14 +79,15 @@ def start_until_step2(model_dir, out: Path, **popen) -> subprocess.Popen:
     return drv
 
 
-@pytest.mark.timeout(900)
-def resume(out: Path, says: str) -> None:
-    """``--checkpoint.resume auto`` on the run in ``out`` as a user types it; it succeeds and prints ``says``."""
+def resume(out: Path, says: str, *more: str) -> subprocess.CompletedProcess:
+    """``--checkpoint.resume auto`` on the run in ``out`` as a user types it (``more``: options
+    after it); it succeeds and prints ``says``."""
     resumed = subprocess.run([sys.executable, "-m", "grpo_dist.cli", "train", "--config", str(out / "config.yaml"),
-                              "--checkpoint.resume", "auto"], env=user_env(), capture_output=True, text=True,
+                              "--checkpoint.resume", "auto", *more], env=user_env(), capture_output=True, text=True,
                              timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert says in resumed.stdout
+    return resumed
 
 
 def matching_histories(whole: Path, out: Path) -> tuple[list[dict], list[dict]]:
@@ -168,3 +170,47 @@ def test_sigint_finishes_the_step_saves_and_resumes_exactly(pretrained_model_dir
     resume(out, f"resumed from step {k}")
     matching_histories(whole, out)
     assert json.loads((out / "summary.json").read_text())["steps"] == STEPS
+
+
+@pytest.mark.timeout(900)
+def test_a_damaged_newest_checkpoint_is_skipped_and_the_one_before_resumed(whole, tmp_path):
+    """Issue 52: the newest checkpoint as a power cut left it before checkpoints were fsynced (its
+    trainer_state.json cut to zero bytes), or with a file of its learner state lost since. Two
+    copies of the uninterrupted run, each damaged one way: naming that checkpoint is one line
+    (exit 2, before anything starts); ``resume auto`` names it, skips it, resumes from the step
+    before and ends as the uninterrupted run. The failure watches' counts went into every
+    checkpoint and came back (issue 52 item 3: ``env_watch``, next to ``reward_watch``)."""
+    last = f"step_{STEPS:06d}"
+    assert json.loads((whole / "checkpoints" / last / "trainer_state.json").read_text())["run"]["env_watch"][
+        "steps"] == STEPS
+
+    def cut_state(d: Path) -> str:
+        size = (d / "trainer_state.json").stat().st_size
+        (d / "trainer_state.json").write_bytes(b"")
+        return f"trainer_state.json has 0 bytes, its manifest says {size}"
+
+    def remove_learner_file(d: Path) -> str:
+        f = sorted(d.glob("global_step*/*model_states.pt"))[0]
+        f.unlink()
+        return f"{f.relative_to(d).as_posix()} is missing"
+
+    for damage in (cut_state, remove_learner_file):
+        out = tmp_path / damage.__name__
+        shutil.copytree(whole, out, symlinks=True)
+        newest, before = out / "checkpoints" / last, out / "checkpoints" / f"step_{STEPS - 1:06d}"
+        why = damage(newest)
+        named = subprocess.run([sys.executable, "-m", "grpo_dist.cli", "train", "--config", str(out / "config.yaml"),
+                                "--output_dir", str(out), "--checkpoint.resume", str(newest)], env=user_env(),
+                               capture_output=True, text=True, timeout=300)
+        assert named.returncode == 2 and "Traceback" not in named.stderr, named.stderr[-3000:]
+        assert named.stderr.strip().splitlines() == [
+            f"config error: checkpoint.resume: {newest} is not a complete checkpoint ({why}); name another, or "
+            f"resume with auto (the newest complete one)"]
+
+        resumed = resume(out, f"resumed from step {STEPS - 1} ({before})", "--output_dir", str(out))
+        skipped = f"warning: checkpoint.resume auto: skipping {newest}: not a complete checkpoint ({why})"
+        assert resumed.stderr.splitlines().count(skipped) == 1, resumed.stderr[-3000:]
+        matching_histories(whole, out)
+        state = json.loads((newest / "trainer_state.json").read_text())  # written anew, whole
+        assert state["run"]["env_watch"]["steps"] == STEPS, "the env error counts restored, then counted on"
+        assert state["run"]["reward_watch"]["steps"] == STEPS

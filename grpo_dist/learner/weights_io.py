@@ -145,7 +145,7 @@ class WeightsIO:
     def load_checkpoint_files(self, files: dict[str, bytes]) -> dict:
         """``load_checkpoint`` of the merged files of every rank. Every rank must call it."""
         with _scratch(f"load-rank{self.rank}") as tmp:
-            write_tree(tmp, files)
+            write_tree(tmp, files, durable=False)  # a scratch copy: no fsync
             return self.load_checkpoint(tmp)
 
     def adapter_files(self) -> dict[str, bytes]:

@@ -6,7 +6,9 @@ rewards are then mostly zeros. :class:`EnvErrorWatch` (on the driver, fed every 
 stops the run as ``reward/failures.py`` does for reward functions, at ``rollout.max_env_error_rate``
 over ``reward.failure_window`` steps: at once when every trajectory of the first step ended so;
 past the rate over the window; and :meth:`EnvErrorWatch.check_run` fails a finished run past it.
-The error names the first exception (``Rollout.error``: where, type and first line).
+The error names the first exception (``Rollout.error``: where, type and first line). Its counts go
+into each checkpoint (:meth:`EnvErrorWatch.state_dict`): a resumed run judges the whole run and the
+window as an uninterrupted one would, so a run preempted more often than the window still stops.
 """
 
 from __future__ import annotations
@@ -76,6 +78,18 @@ class EnvErrorWatch:
         if self.limit < 1.0 and self.run_total and rate > self.limit:
             raise self._error(f"{self.run_errors} of its {self.run_total} trajectories ({rate:.0%}) over the whole run",
                               rate=rate, scored=self.run_total)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The counts of the finished steps: the whole run's and the window's (JSON, for a checkpoint)."""
+        return {"steps": self.run_steps, "total": self.run_total, "errors": self.run_errors, "first": self.first,
+                "window": [list(s) for s in self.steps]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A checkpoint's counts (``{}``, a checkpoint from before they were saved: a fresh start)."""
+        self.run_steps, self.run_total = int(state.get("steps", 0)), int(state.get("total", 0))
+        self.run_errors, self.first = int(state.get("errors", 0)), state.get("first")
+        self.steps.clear()
+        self.steps.extend((int(n), int(e)) for n, e in state.get("window", []))  # (maxlen: the current window)
 
     def _error(self, what: str, **kw: Any) -> EnvErrorRateError:
         first = self.first or "unknown"

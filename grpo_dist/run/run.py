@@ -71,7 +71,7 @@ class Run:
         self._resume_point: dict | None = None  # the prompt stream before the current step's prompts
         self.stop_requested: str | None = None  # a signal's name: stop after the current step
         self._saved_step = -1  # the step of the last checkpoint written
-        self._watch_point: dict = {}  # the reward failure counts up to the last finished step
+        self._watch_point: dict = {}  # the reward failure and env error counts up to the last finished step
         self._budget = TimeBudget(cfg.trainer.max_minutes)
         self.stopped: str | None = None  # why training ended before trainer.steps (max_minutes)
         self.learned = 0  # the last step the learner trained on (ahead of self.step between learn and end_step)
@@ -118,10 +118,11 @@ class Run:
                 self._wall_before = float(state.get("wall_seconds", 0.0))
                 self._segments = int(state.get("segments", 1)) + 1
                 self.rollouts.watch.load_state_dict(state.get("reward_watch", {}))  # the whole run's failure counts
+                self.rollouts.env_watch.load_state_dict(state.get("env_watch", {}))  # ... and env errors
             self.sync.restore()  # the engines serve the restored weights
         write_metrics(self.out, self.history, append=False)  # the restored steps (none for a fresh run)
         self._resume_point = self.rollouts.data_state()
-        self._watch_point = self.rollouts.watch.state_dict()  # the failure counts at that point
+        self._watch_point = self._watches()  # the failure counts at that point
         if self.before is None and self.evaluates() and cfg.eval.before:  # a resumed run keeps the original start's
             self.before = without_samples(base_evaluation(  # a recorded one of the same base model, else evaluated
                 cfg, self.eval_records, self.extra_records, lambda n: self.evaluate("before training", n),
@@ -185,7 +186,7 @@ class Run:
         self.check_finite(m, "this step")
         self.step += 1
         self._resume_point = self.rollouts.data_state()
-        self._watch_point = self.rollouts.watch.state_dict()
+        self._watch_point = self._watches()
         if cfg.trainer.eval_every and self.step % cfg.trainer.eval_every == 0 and self.eval_records:
             m.update(eval_metrics(self.evaluate()))
         for cb in self.callbacks:
@@ -256,12 +257,16 @@ class Run:
 
     def save(self, data_state: dict | None) -> Path:
         path = checkpoint.save(self.cfg, self.workers, self.step, data_state or self.rollouts.data_state(),
-                               {"history": self.history, "eval_before": self.before,
-                                "reward_watch": self._watch_point,
+                               {"history": self.history, "eval_before": self.before, **self._watch_point,
                                 "wall_seconds": self.wall_seconds(), "segments": self._segments})
         print(f"checkpoint saved: {path}", flush=True)
         self._saved_step = self.step
         return path
+
+    def _watches(self) -> dict[str, dict]:
+        """What a checkpoint keeps of the failure watches (their counts: ``reward/failures.py``,
+        ``orchestrator/env_errors.py``)."""
+        return {"reward_watch": self.rollouts.watch.state_dict(), "env_watch": self.rollouts.env_watch.state_dict()}
 
     def evaluates(self) -> bool:
         """Held-out evaluation after training (and before it, unless ``eval.before`` is false)."""

@@ -6,8 +6,9 @@ leaves each output whole or absent and ends in one line naming the path and the 
   its one-line stop (``run.run.Run``), the CLI prints it and exits 1.
 - :func:`write_atomic`: a file written beside its final name and renamed over it when complete.
 - :func:`replace_dir`: a directory built beside its final name (``.partial-<name>``) swapped in
-  when complete; :func:`remove_dir` renames a directory out of sight before deleting it, so a
-  deletion that stops midway never leaves a partial directory under the final name.
+  when complete (its parent fsynced after, :func:`fsync_dir`, so the new name survives a power
+  cut); :func:`remove_dir` renames a directory out of sight before deleting it, so a deletion that
+  stops midway never leaves a partial directory under the final name.
 """
 
 from __future__ import annotations
@@ -94,6 +95,23 @@ def append_lines(path: str | os.PathLike, text: str) -> None:
             os.close(fd)
 
 
+_NO_DIR_SYNC = (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF)
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Flush ``path``'s directory entries (the names created, renamed or removed in it) to the
+    disk: a file's own fsync does not make its name durable, nor does a rename. A filesystem that
+    cannot sync a directory (some FUSE and network ones: EINVAL) has nothing to do here."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in _NO_DIR_SYNC:
+            raise
+    finally:
+        os.close(fd)
+
+
 def partial_dir(final: str | os.PathLike) -> Path:
     """Where a directory is built before :func:`replace_dir` gives it its final name."""
     final = Path(final)
@@ -102,7 +120,9 @@ def partial_dir(final: str | os.PathLike) -> Path:
 
 def replace_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
     """Give the complete directory ``tmp`` the name ``final`` (an old ``final`` is renamed away
-    first and deleted after)."""
+    first and deleted after); the parent is fsynced after the rename, so the name stays after a
+    power cut. ``tmp``'s files and directories must be fsynced already (``files.write_tree``): a
+    rename can reach the disk before the data it names."""
     tmp, final = Path(tmp), Path(final)
     with writing(final):
         old = None
@@ -117,6 +137,7 @@ def replace_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
                 with contextlib.suppress(OSError):
                     os.rename(old, final)
             raise
+        fsync_dir(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
