@@ -92,3 +92,74 @@ def test_an_agents_first_small_call_runs_on_an_engine_of_two_threads(tmp_path):
     assert len(out["rows"]) == 2
     for stop, turns, n_ids, reward in out["rows"]:
         assert stop in ("done", "length") and turns == 1 and n_ids > 0 and reward == 1.0, (out, p.stderr[-3000:])
+
+
+GROUP_PROBE = textwrap.dedent("""
+    import json, sys, threading
+
+    def main():
+        from safetensors.torch import load_file
+
+        from grpo_dist.config import load_config
+        from grpo_dist.rollout.worker import RolloutWorker
+        from grpo_dist.sync.buckets import WeightGroup, make_manifest, pack, plan, send_header
+        from grpo_dist.util.ports import free_port
+
+        cfg = load_config(None, {"model": {"path": sys.argv[1], "dtype": "float32"}, "lora": {"enabled": False},
+                                 "cluster": {"num_cpus": 2},
+                                 "rollout": {"backend": "vllm", "max_tokens": 4, "engine_in_process": True},
+                                 "sync": {"transport": "collective", "timeout_s": 60}})
+        w = RolloutWorker(cfg)
+        w.setup()
+        llm, seen = w.engine.llm, []
+        for name in ("collective_rpc", "reset_prefix_cache"):  # the engine's side of the group's calls
+            def recorded(*args, _fn=getattr(llm, name), _name=name, **kwargs):
+                seen.append([_name, args[0] if args else None, threading.current_thread().name])
+                return _fn(*args, **kwargs)
+            setattr(llm, name, recorded)
+        state = load_file(sys.argv[1] + "/model.safetensors")
+        manifest = make_manifest(state.items(), kind="full", bucket_bytes=40_000)
+        port, box = free_port(), {}
+        opener = threading.Thread(target=lambda: box.setdefault(
+            "group", WeightGroup("127.0.0.1", port, 0, 2, 60, tag="1", bind_ip="127.0.0.1")))
+        opener.start()
+        w.join_weight_group("127.0.0.1", port, 2, 1, 1, manifest)  # from this (the actor's) thread
+        opener.join()
+        group = box["group"]
+
+        def send():
+            send_header(group, [1, 1, 5, len(plan(manifest))])
+            for b in pack(manifest, list(state.values())):
+                group.broadcast(b)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        out = w.receive_weights(1, 1)
+        sender.join()
+        print("GROUP " + json.dumps({"version": out["version"], "calls": seen}), flush=True)
+        group.close()
+        w.close()
+
+    if __name__ == "__main__":
+        main()
+""")
+
+
+@pytest.mark.slow
+def test_the_weight_groups_engine_calls_run_on_the_engines_thread(tmp_path, tiny_model_dir):
+    """Issue 52 item 5: ``sync.transport: collective`` joins the group and receives a version
+    through ``collective_rpc`` (then resets the prefix cache); with the engine in the process each
+    of those runs on the engine's own thread, not the actor's that asks (they once ran there)."""
+    script = tmp_path / "group_probe.py"
+    script.write_text(GROUP_PROBE)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    p = subprocess.run([sys.executable, str(script), str(tiny_model_dir)], capture_output=True, text=True,
+                       env=env, timeout=300)
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("GROUP ")]
+    assert p.returncode == 0 and line, p.stdout[-2000:] + p.stderr[-4000:]
+    out = json.loads(line[0][len("GROUP "):])
+    assert out["version"] == 5
+    assert [c[:2] for c in out["calls"]] == [["collective_rpc", "grpo_join_weight_group"],
+                                             ["collective_rpc", "grpo_receive_weights"],
+                                             ["reset_prefix_cache", None]], out
+    assert {c[2] for c in out["calls"]} == {"vllm-engine"}, out

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator, Optional
 
 
 @dataclass
@@ -41,33 +43,81 @@ class Sample:
 
 class EngineProgress:
     """Whether an engine's calls make progress: engine calls in flight, and when the engine last
-    moved (a call began or ended, a step of the engine finished: ``tick``). The rollout worker's
-    heartbeat reports :meth:`stalled_s`, and the driver counts a call stalled past
-    ``cluster.heartbeat_timeout_s`` as hung, whatever the heartbeat itself says (an engine stuck
-    inside a call while its process answers). An engine that never ticked inside a call (one
-    that cannot say it moves) is never reported stalled. Read from the heartbeat's thread: plain
-    floats."""
+    moved. The rollout worker's heartbeat reports :meth:`stalled_s`, and the driver counts a call
+    stalled past ``cluster.heartbeat_timeout_s`` as hung, whatever the heartbeat itself says (an
+    engine stuck inside a call while its process answers).
 
-    def __init__(self) -> None:
-        self.calls, self.last, self.moves = 0, time.monotonic(), False
+    The engine moves when a call begins or ends, when a step of it finishes (``tick``) and, since
+    one step can outlast the timeout (a long prefill on shared CPU cores, which CPU engines never
+    split), whenever its threads or processes used CPU time since it last moved, at least
+    ``MIN_CPU_SHARE`` of a core on average (looked at by each :meth:`stalled_s`): a stopped engine
+    (SIGSTOP) or a blocked one (a deadlock) uses none, a helper thread's rare wake-up too little.
+    Where the engine works, as the engine declares it: ``threads`` (native ids: an in-process engine's
+    own thread), ``processes`` (its engine core and workers), ``runs_on_caller`` (the thread
+    inside :meth:`call` does the work: transformers). Judged only inside a call (an idle vLLM
+    worker busy-polls), from the call's start where that CPU can be read, else (no ``/proc``, an
+    engine that declares nothing) from the call's first tick: one that cannot say it moves is
+    never reported stalled. Read from the heartbeat's thread: ``tick`` is plain stores, the rest
+    under a lock. ``clock`` and ``cpu`` (a reading ``{source: seconds}``) are for tests."""
+
+    MIN_CPU_SHARE = 0.01  # a busy engine starved by nice-0 work on its cores still gets more (nice 15: ~2%)
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 cpu: Optional[Callable[[], dict]] = None) -> None:
+        self.clock, self._cpu = clock, cpu
+        self.calls, self.last, self.moves = 0, clock(), False  # moves: ticked in the calls in flight
+        self.threads: set[int] = set()
+        self.processes: set[int] = set()
+        self.runs_on_caller = False
+        self._callers: Counter = Counter()  # native ids of the threads inside a call
+        self._seen: dict = {}  # the engine's CPU seconds per source when it last moved, during calls
+        self._lock = threading.Lock()
 
     def tick(self) -> None:
-        self.last = time.monotonic()
+        self.last = self.clock()
         self.moves = self.moves or self.calls > 0
+
+    def cpu_s(self) -> dict:
+        """CPU seconds of each thread and process the engine works on ({}: unknown)."""
+        if self._cpu is not None:
+            return self._cpu()
+        from grpo_dist.util.proc_health import cpu_seconds
+
+        threads = (self.threads | set(self._callers)) if self.runs_on_caller else self.threads
+        return cpu_seconds(threads, self.processes)
 
     def stalled_s(self) -> float:
         """Seconds since the engine last moved while a call is in flight (0 when idle)."""
-        return time.monotonic() - self.last if self.calls > 0 and self.moves else 0.0
+        with self._lock:
+            if self.calls == 0:
+                return 0.0
+            now, cpu = self.clock(), self.cpu_s()
+            used = sum(v - self._seen[k] for k, v in cpu.items() if k in self._seen)
+            if used > 0 and used >= self.MIN_CPU_SHARE * (now - self.last):
+                self.last, self._seen = now, {**self._seen, **cpu}  # it computes
+            return max(0.0, now - self.last) if self.moves or self._seen else 0.0
 
     @contextlib.contextmanager
     def call(self) -> Iterator[None]:
-        self.calls += 1
-        self.last = time.monotonic()
+        tid = threading.get_native_id()
+        with self._lock:
+            if self.calls == 0:  # judged afresh: CPU from now on, ticks of these calls
+                self.moves, self._seen = False, {}
+            self.calls += 1
+            self._callers[tid] += 1
+            self._seen = {**self.cpu_s(), **self._seen}  # where this call's thread starts from
+            self.last = self.clock()
         try:
             yield
         finally:
-            self.calls -= 1
-            self.last = time.monotonic()
+            with self._lock:
+                self.calls -= 1
+                self._callers[tid] -= 1
+                if self._callers[tid] <= 0:
+                    del self._callers[tid]
+                    if tid not in self.threads:
+                        self._seen.pop(("thread", tid), None)
+                self.last = self.clock()
 
 
 def progress_of(engine: "Generator") -> EngineProgress:
@@ -81,7 +131,8 @@ def progress_of(engine: "Generator") -> EngineProgress:
 class Generator(abc.ABC):
     """One inference engine. Not thread-safe; one per rollout actor. Engines that can say so tick
     ``progress_of(self)`` after each step of a call (vLLM's engine step, a transformers decode
-    step); callers wrap each call in ``progress_of(engine).call()``."""
+    step) and declare where they compute (its ``threads``, ``processes``, ``runs_on_caller``);
+    callers wrap each call in ``progress_of(engine).call()``."""
 
     @abc.abstractmethod
     def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec,

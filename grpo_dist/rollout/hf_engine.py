@@ -42,6 +42,7 @@ class HFGenerator(Generator):
         self._eos_ids = {i for i in ([tok.eos_token_id] + (eos if isinstance(eos, list) else [eos]))
                          if i is not None}
         self._logits_to_keep = "logits_to_keep" in inspect.signature(self.base.forward).parameters
+        progress_of(self).runs_on_caller = True  # a call computes on its caller's thread
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec,

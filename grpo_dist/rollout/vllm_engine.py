@@ -16,6 +16,7 @@ import os
 from grpo_dist.rollout import vllm_compat
 from grpo_dist.rollout.base import Generator, Sample, SamplingSpec, progress_of
 from grpo_dist.util.owner_thread import OwnerThread
+from grpo_dist.util.proc_health import engine_processes
 
 log = logging.getLogger("grpo_dist.rollout")
 
@@ -251,13 +252,20 @@ class VLLMGenerator(Generator):
         # as shared-memory handles (CUDA IPC on GPUs; an engine core in a process of its own)
         self.loads_in_memory = kwargs.get("worker_extension_cls") == LOAD_EXTENSION
         self.tokenizer = self.llm.get_tokenizer()
-        _tick_each_step(self.llm, progress_of(self))
+        progress = progress_of(self)
+        _tick_each_step(self.llm, progress)
+        if in_process:  # where its steps compute: this engine's own thread, its engine processes
+            progress.threads = {self._owner.native_id}
+        else:
+            progress.processes, progress.runs_on_caller = set(engine_processes()), True
         self._lora = None  # the LoRARequest being served
         self.enable_lora = enable_lora
 
     def _call(self, fn, *args, **kwargs):
         """``fn(*args, **kwargs)`` on the engine's own thread (in process), else here."""
         return fn(*args, **kwargs) if self._owner is None else self._owner.call(fn, *args, **kwargs)
+
+    on_engine_thread = _call  # for callers outside this class that reach ``self.llm`` (the weight group)
 
     @_owned
     def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec,

@@ -40,6 +40,13 @@ def _node_ip() -> Optional[str]:
         return None
 
 
+def _on_engine_thread(engine, fn):
+    """``fn()`` on the thread the engine belongs to (an in-process vLLM CPU engine has one:
+    ``VLLMGenerator.on_engine_thread``; NOTES.md), else here."""
+    run = getattr(engine, "on_engine_thread", None)
+    return fn() if run is None else run(fn)
+
+
 def _named(version: Optional[int], seq: int, epoch: int) -> int:
     """The version a broadcast on the NCCL path is served as: the driver's (vLLM's transfer carries
     none; ``CollectiveSync.restore`` asks the learner for its version first)."""
@@ -77,7 +84,8 @@ class WeightGroupMember:
         """Join learner rank 0's group as ``rank`` (every party joins at the same time)."""
         t0 = time.perf_counter()
         method, kwargs = self._join_rpc(host, port, world_size, rank, epoch, manifest)
-        self.engine.llm.collective_rpc(method, timeout=self._wg_rpc_timeout(), kwargs=kwargs)
+        _on_engine_thread(self.engine, lambda: self.engine.llm.collective_rpc(
+            method, timeout=self._wg_rpc_timeout(), kwargs=kwargs))
         return {"rank": rank, "epoch": epoch, "seconds": time.perf_counter() - t0}
 
     def receive_weights(self, seq: int, epoch: int, version: Optional[int] = None) -> dict[str, Any]:
@@ -89,6 +97,12 @@ class WeightGroupMember:
         if epoch != self._wg_epoch:  # sent on a group replaced since: the new one re-sends
             return {"version": self.version, "bytes": 0, "seconds": 0.0, "skipped": 1.0}
         t0 = time.perf_counter()
+        out = _on_engine_thread(self.engine, lambda: self._receive(seq, epoch, version))
+        self._wg_seq = seq
+        return self._received(out, t0)
+
+    def _receive(self, seq: int, epoch: int, version: Optional[int]) -> dict[str, Any]:
+        """The engine's calls of :meth:`receive_weights`, on the engine's own thread."""
         llm = self.engine.llm
         asleep, self._asleep = self._asleep, False
         if asleep:
@@ -103,8 +117,7 @@ class WeightGroupMember:
         llm.reset_prefix_cache()
         if asleep:
             self.engine.wake_up(["kv_cache"])
-        self._wg_seq = seq
-        return self._received(out, t0)
+        return out
 
     def _received(self, out: dict[str, Any], t0: float) -> dict[str, Any]:
         self.version = int(out["version"])

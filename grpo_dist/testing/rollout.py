@@ -22,6 +22,24 @@ def hang_next_generate(worker, seconds: float) -> None:
     engine.generate = stalled
 
 
+def slow_next_step(worker, seconds: float, busy: bool = True) -> None:
+    """The next step of the worker's vLLM engine takes ``seconds`` longer, on the engine's own
+    thread, before the step (and its progress tick) ends: computing (``busy``: a long prefill on
+    shared cores) or blocked without using CPU (a deadlock)."""
+    engine = worker.engine.llm.llm_engine
+    step = engine.step  # the instance's: it ticks the engine's progress after each step
+
+    def slow(*args, **kwargs):
+        engine.step = step  # only this step
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if not busy:
+                time.sleep(max(0.0, end - time.monotonic()))
+        return step(*args, **kwargs)
+
+    engine.step = slow
+
+
 def die_in_next_receive(worker) -> None:
     """The worker's next weight receive (``sync.transport: collective``) ends its process as it
     starts: learner rank 0 is then broadcasting to an engine that is gone. (Ray calls an actor's

@@ -36,6 +36,11 @@ class OwnerThread:
             except BaseException as e:  # noqa: BLE001 - the caller's to handle, in its thread
                 fut.set_exception(e)
 
+    @property
+    def native_id(self) -> int:
+        """The thread's id in the kernel (``/proc/self/task/<id>``: the CPU time it used)."""
+        return self._thread.native_id
+
     def owns_this(self) -> bool:
         return threading.current_thread() is self._thread
 
