@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from grpo_dist.config import ConfigError, dump_config, load_config
+from grpo_dist.config import ConfigError, adapter_configs, dump_config, load_config
 from grpo_dist.config.describe import describe_fields
 
 EPILOG_TRAIN = """\
@@ -45,11 +45,13 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
             return _fail(str(e))
         return 0
     try:
-        cfg = load_config(args.config, overrides)
+        cfg = load_config(args.config, overrides, sweep=args.sweep)
     except ConfigError as e:
         return _fail(str(e))
     if args.print_config:
         print(dump_config(cfg), end="")
+        for name, acfg in adapter_configs(cfg).items():  # each adapter's config as it will run
+            print(f"--- # adapter {name}\n{dump_config(acfg)}", end="")
         return 0
     from grpo_dist.run.inputs import resolve_inputs
 
@@ -75,10 +77,14 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
         return _fail(str(e))
     from grpo_dist.run import preflight
 
-    try:  # model, reward plug-ins, data: one line and exit 2 before any actor starts
-        preflight.check(cfg)
+    adapters = adapter_configs(cfg)
+    try:  # model, reward plug-ins, data (each adapter's): one line and exit 2 before any actor starts
+        for one in adapters.values() or [cfg]:
+            preflight.check(one)
     except ConfigError as e:
         return _fail(str(e))
+    if adapters:
+        return _train_adapters(cfg, adapters)
     from grpo_dist.cluster.ray_utils import ClusterError, shutdown_ray
     from grpo_dist.run.run import Interrupted, Run, TrainingError
     from grpo_dist.train import train
@@ -117,6 +123,48 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     from grpo_dist.run.outputs import summary_lines
 
     print("\n".join(summary_lines(summary)))
+    return 0
+
+
+def _train_adapters(cfg, adapters) -> int:
+    """Several adapters on one fleet (``run/fleet.py``): every adapter trained, a line for each that
+    stopped, the comparison at the end; exit 1 if any adapter failed, 130 after Ctrl-C."""
+    from grpo_dist.cluster.ray_utils import ClusterError, shutdown_ray
+    from grpo_dist.run.fleet import Fleet
+    from grpo_dist.run.lock import OutputLock
+    from grpo_dist.train import train_adapters
+    from grpo_dist.util.disk import WriteError
+
+    try:
+        fleet = Fleet(cfg, adapters)
+        lock = OutputLock(fleet.cfg.output_dir).acquire()
+    except ConfigError as e:
+        return _fail(str(e))
+    except WriteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    try:
+        with _stop_on_signals(fleet):
+            summaries, failed = train_adapters(fleet.runs)
+            overall = fleet.write_summary(summaries, failed)
+    except (ClusterError, WriteError) as e:  # the fleet itself could not start
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        try:
+            fleet.close()
+            shutdown_ray()
+        finally:
+            lock.release()
+    from grpo_dist.run.outputs import adapters_table
+
+    print("\n".join(adapters_table(overall)))
+    if fleet.stop_requested:
+        return 130
+    if failed:
+        print(f"error: adapter(s) {', '.join(failed)} stopped before the end (their lines above; the others "
+              f"finished)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -254,7 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run GRPO: generate -> score -> learn -> sync, for trainer.steps steps.",
                        epilog=EPILOG_TRAIN, formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("--config", help="YAML config (default: built-in defaults)")
-    t.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    t.add_argument("--print-config", action="store_true", help="print the resolved config (and each adapter's) "
+                   "and exit")
+    t.add_argument("--sweep", action="append", metavar="KEY=V1,V2,...", help="train one LoRA adapter per value on "
+                   "the same base, engines and learner (e.g. --sweep learner.lr=1e-3,3e-3,1e-2); several --sweep "
+                   "flags cross; each adapter's outputs go to output_dir/adapters/KEY=VALUE (docs/adapters.md)")
     t.add_argument("--help-config", nargs="?", const="all", metavar="SECTION",
                    help="list every config field (or one section's) with its default and meaning, and exit")
     t.add_argument("--verbose", action="store_true", help="print what the actors print (vLLM, Ray, DeepSpeed "

@@ -17,28 +17,69 @@ from typing import Any
 from grpo_dist.batch import build_batch, staleness_metrics, token_version_metrics
 from grpo_dist.reward.answer_form import form_metrics
 from grpo_dist.run.monitor import StepTimer
-from grpo_dist.run.run import Run, TrainingError
+from grpo_dist.run.run import Interrupted, Run, TrainingError
 from grpo_dist.types import TrainBatch
 
 
 def train(run: Run) -> dict[str, Any]:
     """Train for ``trainer.steps`` steps on ``run`` (started here if it is not); the summary."""
     cfg = run.start()  # workers up, resumed, evaluated before training
-    rollouts, sync = run.rollouts, run.sync
     with run.stopping():  # a failing reward or a lost actor: one line, where to resume
         while run.step < cfg.trainer.steps and not run.stop_requested and not run.out_of_time():
-            step, t = run.step + 1, StepTimer()
-            groups, scores, m = rollouts.scored_batch(step, t)  # generated now, or ahead while the learner trained
-            batch = shape(groups, scores, run, m, learner_version=sync.version)  # advantages; staleness checked
-            rollouts.submit_ahead(step)  # the next steps' batches generate with the current weights
-            m.update(learn(run, batch, step, t))  # the policy update (and the reference refresh)
-            run.learned = step  # the learner is past the last checkpointable step until end_step
-            with t("sync"):  # version v+1 to every engine; awaited only when nothing runs ahead
-                m.update(sync.push(int(m["train/version"]), wait=rollouts.depth == 0))
-            run.end_step(t, m, groups, scores, batch)  # log, evaluate, checkpoint
+            one_step(run)
         if run.stop_requested:  # Ctrl-C / SIGTERM: the step finished, a checkpoint, then Interrupted
             run.interrupted()
         return run.finish()
+
+
+def one_step(run: Run) -> None:
+    """Step ``run.step + 1``: generate and score, shape, queue ahead, learn, sync, close the step."""
+    rollouts, sync = run.rollouts, run.sync
+    step, t = run.step + 1, StepTimer()
+    groups, scores, m = rollouts.scored_batch(step, t)  # generated now, or ahead while the learner trained
+    batch = shape(groups, scores, run, m, learner_version=sync.version)  # advantages; staleness checked
+    rollouts.submit_ahead(step)  # the next steps' batches generate with the current weights
+    m.update(learn(run, batch, step, t))  # the policy update (and the reference refresh)
+    run.learned = step  # the learner is past the last checkpointable step until end_step
+    with t("sync"):  # version v+1 to every engine; awaited only when nothing runs ahead
+        m.update(sync.push(int(m["train/version"]), wait=rollouts.depth == 0))
+    run.end_step(t, m, groups, scores, batch)  # log, evaluate, checkpoint
+
+
+def train_adapters(runs: dict[str, Run]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Several adapters on one fleet (``run/fleet.py``): each started (evaluated before training),
+    then a step of each live adapter in turn until every one is done. An adapter that stops (its
+    reward failing past the limit, its data exhausted, a NaN) stops alone, in one line; the others
+    go on, and one that finishes leaves its turns to them. Returns (summaries, failures), by name.
+    A stop request (Ctrl-C) ends every adapter after its current step, each with a checkpoint."""
+    summaries: dict[str, dict[str, Any]] = {}
+    failed: dict[str, str] = {}
+    live: dict[str, Run] = {}
+    for name, run in runs.items():
+        try:
+            run.start()
+            live[name] = run
+        except TrainingError as e:
+            failed[name] = _stopped(name, e)
+    while live:
+        for name, run in list(live.items()):
+            try:
+                with run.stopping():
+                    if run.step < run.cfg.trainer.steps and not run.stop_requested and not run.out_of_time():
+                        one_step(run)
+                        continue
+                    if run.stop_requested:
+                        run.interrupted()
+                    summaries[name] = run.finish()
+            except (TrainingError, Interrupted) as e:  # (interrupted: its checkpoint saved; the others save theirs)
+                failed[name] = _stopped(name, e)
+            del live[name]
+    return summaries, failed
+
+
+def _stopped(name: str, e: Exception) -> str:
+    print(f"adapter {name} stopped: {e}", flush=True)
+    return str(e)
 
 
 def shape(groups, scores, run: Run, metrics: dict[str, float], learner_version: int) -> TrainBatch:

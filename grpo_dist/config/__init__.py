@@ -14,10 +14,10 @@ from grpo_dist.config.sections import (AGG_MODES, GPU_MEM_COLOCATED, GPU_MEM_DIS
                                        RewardConfig, RewardFnConfig, RolloutConfig, Section, SyncConfig,
                                        TinyModelSpec, TrainerConfig)
 from grpo_dist.config.root import Config, auto_staleness
-from grpo_dist.config.load import config_from_dict, dump_config, load_config, parse_overrides
+from grpo_dist.config.load import adapter_configs, config_from_dict, dump_config, load_config, parse_overrides
 
 __all__ = ["AGG_MODES", "GPU_MEM_COLOCATED", "GPU_MEM_DISAGGREGATED", "KL_KINDS", "STRATEGIES", "AlgoConfig",
            "CheckpointConfig", "ClusterConfig", "Config", "ConfigError", "DataConfig", "EvalConfig",
            "LearnerConfig", "LoggingConfig", "LoraConfig", "ModelConfig", "RewardConfig", "RewardFnConfig",
-           "RolloutConfig", "Section", "SyncConfig", "TinyModelSpec", "TrainerConfig", "auto_staleness",
+           "RolloutConfig", "Section", "SyncConfig", "TinyModelSpec", "TrainerConfig", "adapter_configs", "auto_staleness",
            "config_from_dict", "dump_config", "load_config", "parse_overrides"]

@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from grpo_dist.config.adapters import check_entry, check_fleet, check_shared, derive, sweep_adapters
 from grpo_dist.config.aliases import hint
 from grpo_dist.config.root import Config
 from grpo_dist.config.sections import ConfigError, _KeyError
@@ -98,17 +99,46 @@ def _format_validation_error(e: ValidationError) -> str:
 
 
 def config_from_dict(data: dict[str, Any]) -> Config:
+    """The config of ``data``; every adapter's config is checked too (``adapters:``)."""
+    cfg = _validated(data)
+    adapter_configs(cfg)
+    return cfg
+
+
+def _validated(data: dict[str, Any], prefix: str = "") -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format_validation_error(e)) from None
+        raise ConfigError(prefix + _format_validation_error(e)) from None
     except _KeyError as e:
-        raise ConfigError(f"{e.key}: {e.msg}") from None
+        raise ConfigError(f"{prefix}{e.key}: {e.msg}") from None
+
+
+def adapter_configs(cfg: Config) -> dict[str, Config]:
+    """``{name: config}`` of every adapter of ``adapters:``, in their order ({} for a run of one
+    adapter); a problem is one ``ConfigError`` naming ``adapters.NAME.<key>``."""
+    if not cfg.adapters:
+        return {}
+    check_fleet(cfg)
+    base = cfg.model_dump(mode="json", exclude={"adapters"})
+    out: dict[str, Config] = {}
+    for i, entry in enumerate(cfg.adapters):
+        name, over = check_entry(i, entry)
+        if name in out:
+            raise ConfigError(f"adapters.{name}: two adapters have this name")
+        out[name] = _validated(derive(base, name, over, cfg.output_dir), prefix=f"adapters.{name}.")
+    try:
+        check_shared(out)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return out
 
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None) -> Config:
-    """Load ``path`` (YAML) and apply overrides; raise ConfigError (one line) on any problem."""
+def load_config(path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None,
+                sweep: list[str] | None = None) -> Config:
+    """Load ``path`` (YAML) and apply overrides and ``--sweep`` flags; raise ConfigError (one line)
+    on any problem."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -125,6 +155,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict[str,
     if overrides:
         over = parse_overrides(overrides) if isinstance(overrides, list) else overrides
         data = _merge(data, over)
+    if sweep:
+        if data.get("adapters"):
+            raise ConfigError("--sweep: the config lists adapters already; sweep a config of one adapter")
+        data = {**data, "adapters": sweep_adapters(sweep)}
     return config_from_dict(data)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, model_validator
 
@@ -29,6 +30,12 @@ class Config(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    adapters: list[dict[str, Any]] = Field(
+        default_factory=list, description="Several LoRA adapters trained at once on the shared base, engines and "
+        "learner: a list of {name: NAME, <section>: {<key>: value}} changing what an adapter may own (data, eval, "
+        "reward, algo, the learner's optimizer and schedule, lora r/alpha/dropout, trainer seed/steps/max_minutes, "
+        "rollout group_size/prompts_per_step/max_tokens/temperature); outputs under output_dir/adapters/NAME. "
+        "Empty: one adapter, the run's own config. `--sweep KEY=V1,V2` fills it (docs/adapters.md).")
 
     @model_validator(mode="after")
     def _cross(self) -> "Config":

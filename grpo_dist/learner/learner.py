@@ -10,12 +10,17 @@ contiguous shard of the batch (``TrainBatch.shard(rank, world)``).
 * ``Layout`` (``layout.py``): padded or packed micro-batches, chosen by a check at set-up;
 * ``TrainStep`` (``step.py``): the loss over micro-batches, backward, optimizer steps, metrics;
 * ``WeightsIO`` (``weights_io.py``): updates for the rollout workers, adapters, checkpoints.
+
+With ``adapters`` (``{name: config}``, issue 53) one rank holds the base once and a set of these
+parts per adapter (``adapters.py``); every call that reads or changes an adapter's state takes
+``adapter=NAME`` (default: the one last named, the first at set-up).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -25,6 +30,7 @@ from grpo_dist.devices import torch_threads
 from grpo_dist.types import AdapterUpdate, TrainBatch
 
 from . import perf
+from .adapters import base_bytes, build_adapters
 from .layout import Layout
 from .model import PolicyModel
 from .step import TrainStep, old_logp_source
@@ -32,12 +38,27 @@ from .weight_group import WeightBroadcast
 from .weights_io import WeightsIO
 
 
+@dataclass
+class _Slot:
+    """One adapter's parts."""
+    policy: PolicyModel
+    layout: Layout
+    step: TrainStep
+    io: WeightsIO
+    broadcast: WeightBroadcast
+
+
 class Learner:
-    """DeepSpeed + PEFT GRPO learner (one data-parallel rank)."""
+    """DeepSpeed + PEFT GRPO learner (one data-parallel rank); ``adapters``: several adapters on
+    one base, ``{name: config}`` (``cfg`` is then the first's)."""
 
     def __init__(self, cfg: Config, rank: int = 0, world_size: int = 1, master_addr: str = "127.0.0.1",
-                 master_port: int = 29500, local_rank: Optional[int] = None):
+                 master_port: int = 29500, local_rank: Optional[int] = None,
+                 adapters: Optional[dict[str, Config]] = None):
         self.cfg = cfg
+        self.adapter_cfgs: dict[str, Config] = dict(adapters) if adapters else {"": cfg}
+        self._slots: dict[str, _Slot] = {}
+        self.adapter = next(iter(self.adapter_cfgs))  # the adapter calls without ``adapter=`` act on
         self.rank, self.world_size = int(rank), int(world_size)
         self.master_addr, self.master_port = master_addr, int(master_port)
         self.local_rank = local_rank
@@ -62,29 +83,54 @@ class Learner:
         if self.rank == 0:
             print(f"learner torch threads: {threads} ({why})", flush=True)
         t0 = time.perf_counter()
-        p = self.policy = PolicyModel.build(cfg, self.rank, self.world_size, self.master_addr, self.master_port,
-                                            self.local_rank)
-        ref_copy = p.reference.model
-        self.layout = Layout(p.pad_id, p.device, getattr(torch, cfg.model.dtype),
-                             models=lambda: [p.module] + ([ref_copy] if ref_copy is not None else []))
-        self.layout.choose(cfg.learner.packing, cfg.learner.pack_max_len, p.module.config, p.logprobs_nograd,
-                           self.world_size)
+        policies = build_adapters(self.adapter_cfgs, self.rank, self.world_size, self.master_addr,
+                                  self.master_port, self.local_rank)
+        p = next(iter(policies.values()))
         peak, peak_source = perf.peak_flops(p.device, getattr(torch, cfg.model.dtype))
-        self.step = TrainStep(p, self.layout, peak, self._old_logp_source)
-        self.io = WeightsIO(cfg, p)
-        self.broadcast = WeightBroadcast(cfg, p, self.rank)  # sync.transport: collective
+        for name, policy in policies.items():
+            self._slots[name] = self._parts(self.adapter_cfgs[name], policy, peak)
+        self.use(next(iter(policies)))
         if self.rank == 0:
             print(self.layout.line, flush=True)
             print(f"learner peak for perf/mfu: {peak_source}", flush=True)
-        return {**p.sizes(), "gradient_accumulation_steps": p.gas, "world_size": self.world_size,
+        info = {**p.sizes(), "gradient_accumulation_steps": p.gas, "world_size": self.world_size,
                 "packing": self.layout.mode, "packed_row_len": self.layout.pack_len, "torch_threads": threads,
                 "peak_tflops": peak / 1e12, "peak_source": peak_source,
                 "timing/init_distributed": p.timing["timing/init_distributed"],
                 "timing/setup": time.perf_counter() - t0}
+        if len(policies) > 1:
+            info.update(adapters=list(policies), base_bytes=base_bytes(policies))
+        return info
 
-    def _ready(self) -> PolicyModel:
+    def _parts(self, cfg: Config, p: PolicyModel, peak: float) -> _Slot:
+        """An adapter's layout (checked on its own model), training step, weights I/O and broadcast."""
+        ref_copy = p.reference.model
+        layout = Layout(p.pad_id, p.device, getattr(torch, cfg.model.dtype),
+                        models=lambda: [p.module] + ([ref_copy] if ref_copy is not None else []))
+        layout.choose(cfg.learner.packing, cfg.learner.pack_max_len, p.module.config, p.logprobs_nograd,
+                      self.world_size)
+        return _Slot(p, layout, TrainStep(p, layout, peak, self._old_logp_source), WeightsIO(cfg, p),
+                     WeightBroadcast(cfg, p, self.rank))  # broadcast: sync.transport collective
+
+    def use(self, adapter: Optional[str]) -> None:
+        """Make ``adapter`` the one calls act on (None: keep the current one)."""
+        if adapter is None or (adapter == self.adapter and self.policy is not None):
+            return
+        if adapter not in self._slots:
+            raise KeyError(f"learner: no adapter {adapter!r} (it holds {sorted(self._slots)})")
+        s = self._slots[adapter]
+        self.adapter = adapter
+        self.policy, self.layout, self.step, self.io, self.broadcast = s.policy, s.layout, s.step, s.io, s.broadcast
+
+    @property
+    def adapters(self) -> list[str]:
+        """The adapters' names, in set-up order ("" for a learner of one adapter)."""
+        return list(self._slots)
+
+    def _ready(self, adapter: Optional[str] = None) -> PolicyModel:
         if self.policy is None:
             raise RuntimeError("Learner.setup() must be called first")
+        self.use(adapter)
         return self.policy
 
     # ------------------------------------------------------------------ state others read
@@ -114,19 +160,19 @@ class Learner:
     @old_logp_source.setter
     def old_logp_source(self, value: str) -> None:
         self._old_logp_source = value
-        if self.step is not None:
-            self.step.old_logp_source = value
+        for slot in self._slots.values():
+            slot.step.old_logp_source = value
 
     # ------------------------------------------------------------------ training and log-probs
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch, adapter: Optional[str] = None) -> dict[str, float]:
         """``algo.num_iterations`` optimizer steps on this rank's shard; returns ``train/*``,
         ``perf/*`` and ``timing/learn_*`` metrics."""
-        self._ready()
+        self._ready(adapter)
         return self.step.run(batch)
 
-    def compute_logprobs(self, batch: TrainBatch) -> list[list[float]]:
+    def compute_logprobs(self, batch: TrainBatch, adapter: Optional[str] = None) -> list[list[float]]:
         """Per-completion-token log-probs under the current adapter (temperature-scaled), no grad."""
-        p = self._ready()
+        p = self._ready(adapter)
         out: list[list[float]] = []
         mbs = self.cfg.learner.micro_batch_size
         for lo in range(0, len(batch), mbs):
@@ -136,46 +182,47 @@ class Learner:
         return out
 
     # ------------------------------------------------------------------ weights in and out
-    def export_update(self) -> Optional[AdapterUpdate]:
+    def export_update(self, adapter: Optional[str] = None) -> Optional[AdapterUpdate]:
         """Current weights for the rollout workers (call on every rank; rank 0 returns them)."""
-        self._ready()
+        self._ready(adapter)
         return self.io.export_update()
 
-    def publish_update(self) -> tuple[int, object]:
+    def publish_update(self, adapter: Optional[str] = None) -> tuple[int, object]:
         """``export_update`` handed to ``sync.transport``: ``(version, payload)``, the payload
         rank 0's (None on the others). Every rank calls it. The driver asks Ray for the two as two
         return objects: it waits on the small one and hands the payload on unread."""
-        self._ready()
+        self._ready(adapter)
         return self.version, self.io.publish_update()
 
-    def save_adapter(self, out_dir: str | os.PathLike) -> None:
+    def save_adapter(self, out_dir: str | os.PathLike, adapter: Optional[str] = None) -> None:
         """PEFT adapter dir (LoRA) or a full HF model dir + tokenizer; rank 0 writes. Every rank calls it."""
-        self._ready()
+        self._ready(adapter)
         self.io.save_adapter(out_dir)
 
-    def save_checkpoint(self, ckpt_dir: str | os.PathLike, client_state: Optional[dict] = None) -> None:
+    def save_checkpoint(self, ckpt_dir: str | os.PathLike, client_state: Optional[dict] = None,
+                        adapter: Optional[str] = None) -> None:
         """DeepSpeed checkpoint + adapter + reference + this rank's torch RNG. Every rank calls it."""
-        self._ready()
+        self._ready(adapter)
         self.io.save_checkpoint(ckpt_dir, client_state)
 
-    def load_checkpoint(self, ckpt_dir: str | os.PathLike) -> dict:
+    def load_checkpoint(self, ckpt_dir: str | os.PathLike, adapter: Optional[str] = None) -> dict:
         """Restore a ``save_checkpoint`` directory; returns the client_state given to it."""
-        self._ready()
+        self._ready(adapter)
         return self.io.load_checkpoint(ckpt_dir)
 
-    def checkpoint_files(self, client_state: Optional[dict] = None) -> dict[str, bytes]:
+    def checkpoint_files(self, client_state: Optional[dict] = None, adapter: Optional[str] = None) -> dict[str, bytes]:
         """``save_checkpoint`` to a local temp dir; this rank's files (path -> bytes)."""
-        self._ready()
+        self._ready(adapter)
         return self.io.checkpoint_files(client_state)
 
-    def load_checkpoint_files(self, files: dict[str, bytes]) -> dict:
+    def load_checkpoint_files(self, files: dict[str, bytes], adapter: Optional[str] = None) -> dict:
         """``load_checkpoint`` of the merged files of every rank. Every rank calls it."""
-        self._ready()
+        self._ready(adapter)
         return self.io.load_checkpoint_files(files)
 
-    def adapter_files(self) -> dict[str, bytes]:
+    def adapter_files(self, adapter: Optional[str] = None) -> dict[str, bytes]:
         """``save_adapter``'s files (rank 0; {} on the others). Every rank calls it."""
-        self._ready()
+        self._ready(adapter)
         return self.io.adapter_files()
 
     # ------------------------------------------------------------------ sync.transport: collective
@@ -192,14 +239,15 @@ class Learner:
     def broadcast_weights(self, seq: int) -> dict[str, Any]:
         return self.broadcast.broadcast_weights(seq)
 
-    def weights_version(self) -> int:
+    def weights_version(self, adapter: Optional[str] = None) -> int:
         """``version`` as a method (a Ray actor's properties cannot be called): the version the
         weights a broadcast sends now carry (after a resume, the restored one)."""
+        self.use(adapter)
         return self.version
 
-    def refresh_reference(self, mix: Optional[float] = None) -> dict[str, float]:
+    def refresh_reference(self, mix: Optional[float] = None, adapter: Optional[str] = None) -> dict[str, float]:
         """Mix the policy into the KL reference (``algo.ref_refresh_mix`` unless given); every rank."""
-        self._ready()
+        self._ready(adapter)
         return self.io.refresh_reference(mix)
 
     def shutdown(self) -> None:
@@ -208,6 +256,7 @@ class Learner:
         import torch.distributed as dist
 
         self.policy = self.layout = self.step = self.io = None
+        self._slots.clear()
         if dist.is_available() and dist.is_initialized():
             import deepspeed.comm
 

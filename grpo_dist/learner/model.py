@@ -31,6 +31,45 @@ def numel(p: torch.Tensor) -> int:
     return int(getattr(p, "ds_numel", p.numel()))  # ZeRO-3 partitions keep the full size here
 
 
+def join_group(cfg: Config, rank: int, world_size: int, master_addr: str, master_port: int,
+               local_rank: Optional[int]) -> tuple[torch.device, float]:
+    """Join the learners' process group (``RANK`` ... ``MASTER_PORT`` set here) on the device
+    ``cluster.learner_gpus`` decides (not ``torch.cuda.is_available()``); the device and seconds taken."""
+    cuda = learner_on_gpu(cfg)
+    local = local_rank if local_rank is not None else (
+        rank % max(1, torch.cuda.device_count()) if cuda else rank)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local),
+                      MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+    device = torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    torch.manual_seed(cfg.trainer.seed)
+    backend = cfg.learner.comm_backend or ("nccl" if cuda else "gloo")
+    t0 = time.perf_counter()
+    # a rank that never joins (or dies mid-collective) becomes an error after this, not a hang
+    timeout = datetime.timedelta(seconds=cfg.cluster.collective_timeout_s)
+    init_process_group(backend, timeout)  # DeepSpeed's C++ shm op is neither compiled nor loaded
+    return device, time.perf_counter() - t0
+
+
+def load_base(cfg: Config) -> tuple[torch.nn.Module, int]:
+    """The base model (``model.path`` in ``model.dtype``, no KV cache, gradient checkpointing as
+    asked) and the pad id the micro-batches use."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        cfg.model.path, dtype=getattr(torch, cfg.model.dtype), trust_remote_code=cfg.model.trust_remote_code)
+    model.config.use_cache = False
+    pad = model.config.pad_token_id
+    if pad is None:
+        eos = model.config.eos_token_id
+        pad = (eos[0] if isinstance(eos, list) else eos) or 0
+    if cfg.learner.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model, int(pad)
+
+
 class PolicyModel:
     """What ``build`` made: ``engine`` (DeepSpeed), ``reference``, ``device``, ``pad_id``,
     ``gas`` (micro-batches per optimizer step) and ``version`` (optimizer steps applied)."""
@@ -48,40 +87,28 @@ class PolicyModel:
               local_rank: Optional[int]) -> "PolicyModel":
         """Join the process group (``RANK`` ... ``MASTER_PORT`` set here), load the model, wrap it
         in LoRA (``lora.enabled``), make the reference and the DeepSpeed engine."""
-        import deepspeed
-        from transformers import AutoModelForCausalLM
-
-        cuda = learner_on_gpu(cfg)  # cluster.learner_gpus decides, not torch.cuda.is_available()
-        local = local_rank if local_rank is not None else (
-            rank % max(1, torch.cuda.device_count()) if cuda else rank)
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local),
-                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
-        device = torch.device("cpu")
-        if cuda:
-            torch.cuda.set_device(local)
-            device = torch.device("cuda", local)
-        torch.manual_seed(cfg.trainer.seed)
-        backend = cfg.learner.comm_backend or ("nccl" if cuda else "gloo")
+        device, t_dist = join_group(cfg, rank, world_size, master_addr, master_port, local_rank)
         t0 = time.perf_counter()
-        # a rank that never joins (or dies mid-collective) becomes an error after this, not a hang
-        timeout = datetime.timedelta(seconds=cfg.cluster.collective_timeout_s)
-        init_process_group(backend, timeout)  # DeepSpeed's C++ shm op is neither compiled nor loaded
-        t_dist = time.perf_counter() - t0
+        model, pad = load_base(cfg)
+        built = cls.wrap(cfg, model, device, pad, rank, world_size)
+        built.timing = {"timing/init_distributed": t_dist, "timing/model": time.perf_counter() - t0}
+        return built
 
-        model = AutoModelForCausalLM.from_pretrained(
-            cfg.model.path, dtype=getattr(torch, cfg.model.dtype), trust_remote_code=cfg.model.trust_remote_code)
-        model.config.use_cache = False
-        pad = model.config.pad_token_id
-        if pad is None:
-            eos = model.config.eos_token_id
-            pad = (eos[0] if isinstance(eos, list) else eos) or 0
-        if cfg.learner.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    @classmethod
+    def wrap(cls, cfg: Config, model: torch.nn.Module, device: torch.device, pad: int, rank: int,
+             world_size: int) -> "PolicyModel":
+        """The policy over ``model`` (a base from :func:`load_base`, or a structure sharing its
+        weights: ``learner/adapters.py``): LoRA (``lora.enabled``, its initial weights drawn from
+        ``trainer.seed``), the reference and the DeepSpeed engine."""
+        import deepspeed
+
+        cuda = learner_on_gpu(cfg)
         if cfg.lora.enabled:
             from peft import LoraConfig, get_peft_model
 
             lcfg = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
                               target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM")
+            torch.manual_seed(cfg.trainer.seed)  # A's initial draw: the same for an adapter alone or beside others
             model = get_peft_model(model, lcfg)
             dtype = getattr(torch, trainable_dtype(cfg))
             for q in model.parameters():  # lora.dtype float32: PEFT's upcast, made explicit (and undone for model)
@@ -94,11 +121,9 @@ class PolicyModel:
             model=model, model_parameters=params, config=deepspeed_config(cfg, world_size),
             lr_scheduler=make_scheduler_factory(cfg))
         engine.train()
-        built = cls(cfg, engine, reference, engine.device if cuda else device,
-                    int(pad),  # any id works: padded positions are masked out
-                    gradient_accumulation_steps(cfg, world_size), rank, world_size)
-        built.timing = {"timing/init_distributed": t_dist, "timing/model": time.perf_counter() - t0 - t_dist}
-        return built
+        return cls(cfg, engine, reference, engine.device if cuda else device,
+                   int(pad),  # any id works: padded positions are masked out
+                   gradient_accumulation_steps(cfg, world_size), rank, world_size)
 
     # ------------------------------------------------------------------ what it holds
     @property

@@ -68,26 +68,38 @@ def score_inputs(rollouts: list) -> tuple[list, list, dict[str, Any]]:
 
 
 class RewardWorker:
-    """Holds the resolved reward functions of ``cfg`` and scores flat lists of completions."""
+    """Holds the resolved reward functions of ``cfg`` and scores flat lists of completions;
+    ``adapters`` (several adapters, issue 53): each adapter's reward section, its functions chosen
+    by the calls' ``adapter=NAME``."""
 
-    def __init__(self, cfg: RewardConfig):
+    def __init__(self, cfg: RewardConfig, adapters: dict[str, RewardConfig] | None = None):
         self.cfg = cfg
         self.functions: list[NamedReward] = build_reward_fns(cfg.functions)
+        self._by_adapter = {name: build_reward_fns(c.functions) for name, c in (adapters or {}).items()}
         self.caller = Caller(cfg.timeout_s)
         self._traced: set[str] = set()
         self._new_tracebacks: dict[str, str] = {}  # first tracebacks found by the current score call
 
-    def score_group(self, generated: tuple, functions: list[str] | None = None) -> tuple[RewardResult, float]:
+    def score_group(self, generated: tuple, functions: list[str] | None = None,
+                    adapter: str | None = None) -> tuple[RewardResult, float]:
         """One group as the streaming pipeline hands it over (``(RolloutGroup, finish time)``,
         straight from the rollout actor): its scores and the wall time they were ready."""
-        return self.score(*score_inputs(generated[0].rollouts), functions=functions), time.time()
+        return self.score(*score_inputs(generated[0].rollouts), functions=functions, adapter=adapter), time.time()
 
-    def names(self) -> list[str]:
+    def _functions(self, adapter: str | None) -> list[NamedReward]:
+        if adapter is None:
+            return self.functions
+        if adapter not in self._by_adapter:
+            raise KeyError(f"reward worker: no adapter {adapter!r} (it holds {sorted(self._by_adapter)})")
+        return self._by_adapter[adapter]
+
+    def names(self, adapter: str | None = None) -> list[str]:
         """Function names in config order (the keys of ``per_function`` and ``errors``)."""
-        return [f.name for f in self.functions]
+        return [f.name for f in self._functions(adapter)]
 
     def score(self, prompts: list[Any], completions: list[Any],
-              columns: dict[str, Any] | None = None, functions: list[str] | None = None) -> RewardResult:
+              columns: dict[str, Any] | None = None, functions: list[str] | None = None,
+              adapter: str | None = None) -> RewardResult:
         """Score ``completions[i]`` (answering ``prompts[i]``); ``columns`` holds dataset columns,
         one value per completion, passed to every function as keyword arguments, and optionally
         ``trainer_state`` (one object). ``functions``: only these names (evaluation skips the
@@ -106,7 +118,7 @@ class RewardWorker:
             if not isinstance(col, (list, tuple)) or len(col) != n:
                 got = len(col) if isinstance(col, (list, tuple)) else type(col).__name__
                 raise ValueError(f"column {key!r} must be a list of {n} values, got {got}")
-        chosen = [f for f in self.functions if functions is None or f.name in functions]
+        chosen = [f for f in self._functions(adapter) if functions is None or f.name in functions]
         self._new_tracebacks = {}
 
         def call(fn: NamedReward):  # copies: an abandoned or careless function cannot mutate the caller's lists

@@ -2,6 +2,12 @@
 
 A plain class (testable without Ray); ``grpo_dist.run.workers`` makes it a Ray actor. It
 tokenises prompts itself, so the ``Rollout`` carries the exact prompt ids the learner must use.
+
+Several adapters (issue 53): the calls that generate or load weights take ``adapter=NAME``. The
+worker keeps each adapter's newest update and its version, and loads nothing when one arrives; an
+engine that merges adapters into its weights serves one adapter at a time, so a generate call
+first reloads its adapter's newest weights merged into the base if the engine holds others. An
+adapter's step thus costs one load, as a step of its own run does.
 """
 
 from __future__ import annotations
@@ -52,10 +58,17 @@ def make_generator(cfg: Config, seed: int) -> Generator:
 
 
 class RolloutWorker(WeightGroupMember):
-    def __init__(self, cfg: Config, rank: int = 0):
+    def __init__(self, cfg: Config, rank: int = 0, adapters: dict[str, Config] | None = None):
+        """``adapters``: several adapters' configs (their sampling: group size, max tokens,
+        temperature; their data's chat template), chosen by the calls' ``adapter=NAME``."""
         self.cfg = cfg
+        self._cfgs = dict(adapters or {})
         self.rank = rank
-        self.version = 0
+        self.version = 0  # of the adapter being served
+        self.adapter = ""  # the adapter the engine serves ("": the run's one adapter)
+        self._kept: dict[str, AdapterUpdate] = {}  # several adapters: each one's newest update
+        self._versions: dict[str, int] = {}  # ... and its version
+        self._serving: AdapterUpdate | None = None  # the update the engine's weights hold (None: the base)
         self.engine: Generator | None = None
         self.store: AdapterStore | None = None
         self.merger: LoraMerger | None = None  # rollout.adapter_mode merged: the base weights
@@ -121,20 +134,23 @@ class RolloutWorker(WeightGroupMember):
             self.store.close()
 
     # -- generation ------------------------------------------------------------------------
-    def sampling_spec(self, n: int | None = None, temperature: float | None = None, seed: int | None = None) -> SamplingSpec:
-        r = self.cfg.rollout
+    def sampling_spec(self, n: int | None = None, temperature: float | None = None, seed: int | None = None,
+                      adapter: str | None = None) -> SamplingSpec:
+        r = self._cfgs.get(adapter, self.cfg).rollout
         return SamplingSpec(n=n or r.group_size, temperature=r.temperature if temperature is None else temperature,
                             top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens, stop=list(r.stop), seed=seed)
 
     def generate(self, prompts: list[Any], n: int | None = None, temperature: float | None = None,
-                 seed: int | None = None, keys: list[SeedKey] | None = None) -> list[RolloutGroup]:
+                 seed: int | None = None, keys: list[SeedKey] | None = None,
+                 adapter: str | None = None) -> list[RolloutGroup]:
         """``prompts`` are ``PromptRecord``s (id, prompt, columns). Returns one group per prompt.
 
         Sampling seeds: ``keys[i] = (seed, step, prompt index)`` gives completion j of prompt i
         the seed ``sample_seed(*keys[i], j)``; without keys, ``seed`` stands for the keys
         ``(seed, 0, record id)``; with neither, the engine's own random stream is used."""
         assert self.engine is not None, "call setup() first"
-        spec, seeds, ids = self._prepare(prompts, n, temperature, seed, keys)
+        self.serve(adapter)
+        spec, seeds, ids = self._prepare(prompts, n, temperature, seed, keys, adapter)
         if self.agent is not None:  # an OpenAI-API agent: its requests recorded token in, token out
             return self.agent.generate(self.engine, prompts, ids, spec, seeds, self.cfg.model.max_model_len,
                                        self.version)
@@ -148,9 +164,9 @@ class RolloutWorker(WeightGroupMember):
             samples = self.engine.generate(ids, spec, seeds=seeds)
         return [self._group(rec, pids, outs, self.version) for rec, pids, outs in zip(prompts, ids, samples)]
 
-    def _prepare(self, prompts, n, temperature, seed, keys):
+    def _prepare(self, prompts, n, temperature, seed, keys, adapter=None):
         """The sampling spec, the per-sample seeds (or None) and the prompt ids of ``generate``."""
-        spec = self.sampling_spec(n, temperature, None)
+        spec = self.sampling_spec(n, temperature, None, adapter)
         if spec.greedy:
             spec.n = 1 if n is None else n
         if keys is None and seed is not None:
@@ -158,7 +174,7 @@ class RolloutWorker(WeightGroupMember):
         if keys is not None and len(keys) != len(prompts):
             raise ValueError(f"{len(keys)} seed keys for {len(prompts)} prompts")
         seeds = sample_seeds(keys, spec.n) if keys is not None and not spec.greedy else None
-        add_special = not self.cfg.data.chat_template  # a chat template already holds the BOS
+        add_special = not self._cfgs.get(adapter, self.cfg).data.chat_template  # a chat template holds the BOS
         return spec, seeds, self.engine.tokenize([p.prompt for p in prompts], add_special_tokens=add_special)
 
     @staticmethod
@@ -171,18 +187,26 @@ class RolloutWorker(WeightGroupMember):
             for s in outs])
 
     # -- weight sync -----------------------------------------------------------------------
-    def load_update(self, payload: object) -> dict[str, float]:
+    def load_update(self, payload: object, adapter: str | None = None) -> dict[str, float]:
         """The engine half of a payload transport (``sync.transport`` object_store / filesystem):
         receive version v+1 and serve it from now on (:meth:`load_weights`)."""
         t0 = time.perf_counter()
-        out = self.load_weights(self.transport.receive(payload))
+        out = self.load_weights(self.transport.receive(payload), adapter)
         out["seconds"] = time.perf_counter() - t0
         return out
 
-    def load_weights(self, update: AdapterUpdate) -> dict[str, float]:
+    def load_weights(self, update: AdapterUpdate, adapter: str | None = None) -> dict[str, float]:
         """Serve ``update`` (named tensors: a LoRA adapter or full weights, versioned) from now on,
         whatever carried it; colocated on GPU the sleeping engine wakes its weights first, then
-        its KV cache. The answer: version, bytes received, seconds, where they went."""
+        its KV cache. The answer: version, bytes received, seconds, where they went. ``adapter``:
+        the adapter it is a version of (kept; loaded only if that adapter is being served)."""
+        if adapter is not None:
+            if update.version < self._versions.get(adapter, 0):
+                raise ValueError(f"rollout worker {self.rank}: got version {update.version} of adapter {adapter!r} "
+                                 f"older than {self._versions[adapter]}")
+            self._kept[adapter], self._versions[adapter] = update, update.version
+            return {"version": update.version, "bytes": update.nbytes, "seconds": 0.0, "load_s": 0.0,
+                    "wake_s": 0.0, "deferred": 1.0}  # loaded by the next generate call for it (serve)
         t0 = time.perf_counter()
         update, path, nbytes, clocks = self._store_update(update)
         t1 = time.perf_counter()
@@ -203,7 +227,7 @@ class RolloutWorker(WeightGroupMember):
             t_loaded = time.perf_counter()
             if asleep:
                 self.engine.wake_up(["kv_cache"])
-        self.version = update.version
+        self.version, self._serving = update.version, update
         t2 = time.perf_counter()
         wake = (t_woke - t1) + (t2 - t_loaded)  # timing/sync_wake (0 unless the engine slept: colocated on GPU)
         return {"version": update.version, "bytes": nbytes, "seconds": t2 - t0, **clocks, "load_s": t2 - t1 - wake,
@@ -228,6 +252,24 @@ class RolloutWorker(WeightGroupMember):
         t1 = time.perf_counter()
         path = self.store.write(update)
         return update, path, nbytes, {"merge_s": t1 - t0, "write_s": time.perf_counter() - t1}
+
+    def serve(self, adapter: str | None) -> None:
+        """Make the engine serve ``adapter``'s newest weights (None: nothing to do). A merging engine
+        whose weights hold something else reloads that adapter merged into the base (the base
+        itself while the adapter is at version 0)."""
+        if adapter is None:
+            return
+        update = self._kept.get(adapter)
+        if update is not self._serving:
+            if self.merger is None or not getattr(self.engine, "loads_in_memory", False):
+                raise RuntimeError("several adapters need engines that merge adapters in memory "
+                                   "(rollout.adapter_mode merged, the vLLM engine in the actor's process)")
+            if update is None:
+                self.engine.load_state(self.merger.iter_merged(None, None))
+            else:
+                self.engine.load_state(self.merger.iter_merged(update.tensors, update.peft_config, partial=True))
+            self._serving = update
+        self.adapter, self.version = adapter, self._versions.get(adapter, 0)
 
     def sleep(self) -> bool:
         """Release GPU memory for the colocated learner (no-op unless ``sleeps_while_learning``);

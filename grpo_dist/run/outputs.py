@@ -175,3 +175,19 @@ def summary_lines(s: dict) -> list[str]:
     elif s.get("wandb_dir"):
         out.append(f"wandb     {s['wandb_dir']}")
     return out
+
+
+def adapters_table(overall: dict) -> list[str]:
+    """The end of a run of several adapters: a row per adapter (steps, accuracy and reward before
+    -> after), then the ones that stopped early."""
+    def fig(s: dict, key: str) -> str:
+        a, b = s.get(f"{key}_before"), s.get(f"{key}_after")
+        return "-" if a is None and b is None else f"{a if a is None else f'{a:.3f}'} -> {b if b is None else f'{b:.3f}'}"
+
+    rows = [(name, str(s.get("steps", "-")), fig(s, "sampled_accuracy"), fig(s, "greedy_accuracy"),
+             fig(s, "mean_reward")) for name, s in overall.get("adapters", {}).items()]
+    rows += [(name, "stopped", "-", "-", "-") for name in overall.get("failed", {})]
+    head = ("adapter", "steps", "sampled acc", "greedy acc", "mean reward")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+    return ["\n=== grpo-dist adapters ===", line(head), *map(line, rows)]

@@ -104,10 +104,13 @@ def load_extra(cfg: Config) -> dict[str, list[Any]]:
     return out
 
 
-def make_monitor(cfg: Config):
+def make_monitor(cfg: Config, group: str | None = None, prefix: str = ""):
+    """W&B and the console; ``group``, ``prefix``: one adapter of several (its W&B run in the
+    fleet's group, named after it; its console lines start with its name)."""
     from grpo_dist.run.monitor import ConsoleMonitor, MultiMonitor, WandbMonitor
 
-    wb = WandbMonitor.from_config(cfg)
-    multi = MultiMonitor([wb, ConsoleMonitor(enabled=cfg.logging.progress, max_minutes=cfg.trainer.max_minutes)])
+    wb = WandbMonitor.from_config(cfg, default_name=prefix or None, group=group)
+    multi = MultiMonitor([wb, ConsoleMonitor(enabled=cfg.logging.progress, max_minutes=cfg.trainer.max_minutes,
+                                             prefix=prefix)])
     multi.wandb_dir = wb.run_dir
     return multi

@@ -11,14 +11,13 @@ same base model: ``eval_cache.py``); :meth:`Run.end_step` closes a step;
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from grpo_dist.cluster import ray_utils
-from grpo_dist.cluster.ray_utils import ClusterError, init_ray
+from grpo_dist.cluster.ray_utils import init_ray
 from grpo_dist.cluster.recovery import Recovery
 from grpo_dist.cluster.shared_dir import check_storage
 from grpo_dist.config import Config
@@ -31,31 +30,30 @@ from grpo_dist.run import checkpoint, preflight
 from grpo_dist.run.budget import TimeBudget
 from grpo_dist.run.eval_cache import base_evaluation, without_samples
 from grpo_dist.run.evaluation import eval_metrics, evaluate_sets, headline
-from grpo_dist.run.monitor import Monitor, StepTimer, non_finite
+from grpo_dist.run.monitor import Monitor, StepTimer
 from grpo_dist.run.monitor.wandb_logger import wandb_segments
 from grpo_dist.run.inputs import resolve_inputs
 from grpo_dist.run.outputs import (resolve_outputs, resume_command, resume_hint, write_metrics, write_run_files,
                                    write_summary)
 from grpo_dist.run.prepare import make_monitor
+from grpo_dist.run.stops import Stops, TrainingError
 from grpo_dist.run.workers import Workers, start_workers, startup_times
 from grpo_dist.sync.factory import make_weight_sync
-from grpo_dist.util.disk import WriteError
-
-
-class TrainingError(RuntimeError):
-    """The run stopped: the message says why, where it stopped and how to resume (exit 1)."""
 
 
 class Interrupted(RuntimeError):
     """The user stopped the run (SIGINT / SIGTERM); the message says where and how to resume (exit 130)."""
 
 
-class Run:
+class Run(Stops):
     """``callbacks``: objects with ``on_step(run, step, metrics, groups, batch)``, called at the end
     of every step before its metrics are logged (a callback may add metrics; e.g. a custom
     logger, a profiler or a test's recorder)."""
 
-    def __init__(self, cfg: Config, monitor: Monitor | None = None, callbacks: tuple = ()):
+    def __init__(self, cfg: Config, monitor: Monitor | None = None, callbacks: tuple = (), fleet=None,
+                 name: str = ""):
+        """``fleet``, ``name``: adapter ``name`` of a run of several (``run/fleet.py``), on its actors."""
+        self.fleet, self.name = fleet, name
         self.cfg = cfg = resolve_outputs(resolve_inputs(cfg), write=False)  # absolute paths, run id, the resume checked
         self.out = Path(cfg.output_dir)
         self.monitor, self.callbacks = monitor, list(callbacks)
@@ -93,18 +91,13 @@ class Run:
         self.extra_records = preflight.extra_eval_sets(cfg)  # eval.extra: more held-out sets
         write_run_files(cfg)  # config.yaml (the resume command's) only once the config is accepted
         stream = PromptStream(self.train_records, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
-        init_ray(cfg)
-        check_storage(cfg)  # cluster.shared_dir seen by every node; full weights on several nodes need it
-        self.monitor = self.monitor or make_monitor(cfg)
-        for line in start_block(cfg, self.out) + choices(cfg):
-            print(line, flush=True)
-        t0 = time.perf_counter()
-        self.workers, self.info = start_workers(cfg)
-        self.startup, line = startup_times(self.info, time.perf_counter() - t0)
-        print(line, flush=True)
+        if self.fleet is not None:  # one adapter of several: the fleet's actors, seen as this adapter
+            self._start_in_fleet()
+        else:
+            self._start_actors()
         w = self.workers
         self.sync = make_weight_sync(cfg)
-        self.recovery = Recovery(cfg, w, on_replace=self.sync.on_replace)
+        self.recovery = self.recovery or Recovery(cfg, w, on_replace=self.sync.on_replace)
         self.sync.setup(w.learner, w.rollout, self.recovery)
         self.rollouts = RolloutManager(cfg, w.rollout, w.reward, self.recovery, stream)
         self.sync.on_push.append(self.rollouts.on_version)
@@ -136,46 +129,27 @@ class Run:
         self.monitor.start(cfg.trainer.steps)
         return cfg
 
+    def _start_actors(self) -> None:
+        cfg = self.cfg
+        init_ray(cfg)
+        check_storage(cfg)  # cluster.shared_dir seen by every node; full weights on several nodes need it
+        self.monitor = self.monitor or make_monitor(cfg)
+        for line in start_block(cfg, self.out) + choices(cfg):
+            print(line, flush=True)
+        t0 = time.perf_counter()
+        self.workers, self.info = start_workers(cfg)
+        self.startup, line = startup_times(self.info, time.perf_counter() - t0)
+        print(line, flush=True)
+        self.recovery = None
+
+    def _start_in_fleet(self) -> None:
+        fleet = self.fleet
+        fleet.start()
+        self.monitor = self.monitor or make_monitor(self.cfg, group=fleet.cfg.trainer.run_id, prefix=self.name)
+        self.workers, self.info, self.startup = fleet.workers_for(self.name), fleet.info, fleet.startup
+        self.recovery = fleet.recovery  # one replacement of a dead actor for every adapter
+
     # ------------------------------------------------------------------------------- steps
-    @contextlib.contextmanager
-    def writes(self) -> Iterator[None]:
-        """An output that could not be written (``disk.WriteError``: a full or read-only disk)
-        becomes one TrainingError naming the file, the cause, the newest whole checkpoint and the
-        resume command (every checkpoint is whole or absent: ``checkpoint.save``)."""
-        try:
-            yield
-        except WriteError as e:
-            raise TrainingError(f"{e}; stopped at step {self.step}: {resume_hint(self.cfg)}") from None
-
-    @contextlib.contextmanager
-    def stopping(self) -> Iterator[None]:
-        """What ends a run early becomes one TrainingError naming the step and the resume command:
-        a reward function failing too often (a checkpoint of the last finished step is saved
-        first), an actor lost past recovery (a learner rank, restarts used up), an output that
-        cannot be written (:meth:`writes`)."""
-        with self.writes():  # (a save below may fail too)
-            try:
-                yield
-            except RewardFailureError as e:
-                if e.first_step and self.step == 0:  # broken from the first batch: nothing to keep
-                    tail = f"\n{e.details()}" if e.traceback else ""
-                    raise TrainingError(f"step 1: {e}; nothing was trained: fix {e.subject} and run again{tail}") from None
-                path = self.save(self._resume_point)
-                details = e.details()
-                raise TrainingError(f"step {self.step + 1}: {e}; stopped with a checkpoint of step {self.step} in "
-                                    f"{path}; fix {e.subject}, then resume with: {resume_command(self.cfg)}"
-                                    f"{chr(10) + details if details else ''}") from None
-            except ClusterError as e:
-                if e.interrupted and self.stop_requested:  # Ctrl-C while an actor hangs: stop now, keep the last step
-                    self.interrupted(settle=False, why=str(e))
-                raise TrainingError(f"{e}; stopped at step {self.step}: {resume_hint(self.cfg)}") from e
-
-    def check_finite(self, metrics: dict[str, float], where: str) -> None:
-        bad = non_finite(metrics)
-        if bad:
-            raise TrainingError(f"step {self.step + 1}: non-finite metrics from {where}: {bad}; stopping: "
-                                f"{resume_hint(self.cfg)}")
-
     def end_step(self, timer: StepTimer, metrics: dict[str, float], groups: list, scores, batch) -> dict[str, float]:
         """Close step ``self.step + 1``: clocks and throughput, the finite check, then log, evaluate,
         checkpoint as the cadence says."""
@@ -297,6 +271,8 @@ class Run:
                 self.monitor.close()
             except Exception as e:  # pragma: no cover - shutting down anyway
                 print(f"warning: closing the monitors: {e.__class__.__name__}: {e}", file=sys.stderr, flush=True)
+        if self.workers is not None and self.fleet is not None:  # the fleet's actors: the fleet closes them
+            self.workers = None
         if self.workers is not None:
             rollout = self.workers.rollout
             try:  # engines release their processes and adapter dirs

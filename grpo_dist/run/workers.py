@@ -98,30 +98,36 @@ def heartbeat(cfg: Config) -> tuple[float, float]:
     return cfg.cluster.heartbeat_interval_s, cfg.cluster.heartbeat_timeout_s
 
 
-def create_generators(cfg: Config, placement: Optional[Placement] = None) -> tuple[ActorGroup, ActorGroup]:
-    """The rollout and reward actor groups (created, not yet set up)."""
+def create_generators(cfg: Config, placement: Optional[Placement] = None,
+                      adapters: Optional[dict[str, Config]] = None) -> tuple[ActorGroup, ActorGroup]:
+    """The rollout and reward actor groups (created, not yet set up); ``adapters``: several
+    adapters' configs (``run/fleet.py``), which every actor holds."""
     spec = actor_specs(cfg)
     streaming = cfg.rollout.streaming  # an async actor: its calls run concurrently
     rollout = ActorGroup.create("rollout", StreamingRolloutActor if streaming else RolloutActor,
-                                [(cfg, i) for i in range(cfg.rollout.num_workers)], spec=spec["rollout"],
-                                placement=placement, max_concurrency=1000 if streaming else 1,
+                                [(cfg, i) + ((adapters,) if adapters else ()) for i in range(cfg.rollout.num_workers)],
+                                spec=spec["rollout"], placement=placement, max_concurrency=1000 if streaming else 1,
                                 heartbeat=heartbeat(cfg))
-    return rollout, create_reward(cfg, placement)
+    return rollout, create_reward(cfg, placement, adapters)
 
 
-def create_reward(cfg: Config, placement: Optional[Placement] = None) -> ActorGroup:
+def create_reward(cfg: Config, placement: Optional[Placement] = None,
+                  adapters: Optional[dict[str, Config]] = None) -> ActorGroup:
     """The reward actor group. Streaming: a group's scoring starts when its generation is done,
     whatever was submitted before it (out-of-order execution)."""
-    return ActorGroup.create("reward", RewardActor, [(cfg.reward,)] * cfg.reward.num_workers,
+    args = (cfg.reward,) + (({n: a.reward for n, a in adapters.items()},) if adapters else ())
+    return ActorGroup.create("reward", RewardActor, [args] * cfg.reward.num_workers,
                              spec=actor_specs(cfg)["reward"], placement=placement,
                              out_of_order=cfg.rollout.streaming, heartbeat=heartbeat(cfg))
 
 
-def start_learners(cfg: Config, placement: Optional[Placement]) -> tuple[ActorGroup, list]:
+def start_learners(cfg: Config, placement: Optional[Placement],
+                   adapters: Optional[dict[str, Config]] = None) -> tuple[ActorGroup, list]:
     """Create every learner rank in its bundle, ask rank 0 where to meet, start ``setup`` on all
     ranks (returns the group and the setup refs)."""
     c, k = cfg.cluster, cfg.learner.num_learners
-    learner = ActorGroup.create("learner", LearnerActor, [(cfg, r, k) for r in range(k)],
+    more = ("127.0.0.1", 29500, None, adapters) if adapters else ()  # (the address: set by setup below)
+    learner = ActorGroup.create("learner", LearnerActor, [(cfg, r, k) + more for r in range(k)],
                                 spec=actor_specs(cfg)["learner"], placement=placement, timeout=c.learner_timeout_s,
                                 heartbeat=heartbeat(cfg))
     where = learner.get([learner.actors[0].rendezvous_address.remote()], timeout=c.actor_start_timeout_s,
@@ -131,14 +137,14 @@ def start_learners(cfg: Config, placement: Optional[Placement]) -> tuple[ActorGr
     return learner, learner.call_each("setup", [(where["ip"], where["port"], n) for n in peers])
 
 
-def start_workers(cfg: Config) -> tuple[Workers, dict]:
+def start_workers(cfg: Config, adapters: Optional[dict[str, Config]] = None) -> tuple[Workers, dict]:
     """Place the groups, create every actor, then set them all up concurrently (engines load
-    while learners init)."""
+    while learners init). ``adapters``: several adapters on these actors (``run/fleet.py``)."""
     placement = place(cfg)
     t = cfg.cluster.actor_start_timeout_s
     try:
-        rollout, reward = create_generators(cfg, placement)
-        learner, l_refs = start_learners(cfg, placement)
+        rollout, reward = create_generators(cfg, placement, adapters)
+        learner, l_refs = start_learners(cfg, placement, adapters)
         workers = Workers(rollout, reward, learner, placement)
         engines, nodes = on_nodes(rollout, t)
         learner_nodes = on_nodes(learner, t)[1]

@@ -205,3 +205,31 @@ def hang_next_train_step(learner, seconds: float) -> None:
         return forward(*args, **kwargs)
 
     policy.forward = stalled
+
+
+def adapters_rank(rank: int, world: int, port: int, model_dir: str, out_dir: str, batches: list[TrainBatch],
+                  beside: bool) -> None:
+    """``torch.multiprocessing.spawn`` target: a ZeRO-2 rank trains adapter "a" on its shards of
+    ``batches``, alone or (``beside``) on a learner that also holds adapter "b" and trains it between
+    a's steps; saves a's exported tensors to ``out_dir/rank{rank}.pt``."""
+    learner_kw = dict(num_learners=world, zero_stage=2)
+    a = small_config(model_dir, learner=learner_kw, algo=dict(beta=0.04))
+    b = small_config(model_dir, learner=dict(learner_kw, lr=1e-2), lora=dict(r=4, alpha=4), trainer=dict(seed=7))
+    from grpo_dist.util.procenv import setup_env
+
+    setup_env()
+    torch.set_num_threads(1)
+    from grpo_dist.learner import Learner
+
+    learner = Learner(a, rank=rank, world_size=world, master_port=port, adapters={"a": a, "b": b} if beside else None)
+    learner.setup()
+    try:
+        for batch in batches:
+            if beside:
+                learner.train_step(batch.shard(rank, world), adapter="b")
+            learner.train_step(batch.shard(rank, world), adapter="a" if beside else None)
+        update = learner.export_update(adapter="a" if beside else None)
+        torch.save({"tensors": update.tensors if update is not None else None, "version": learner.version},
+                   f"{out_dir}/rank{rank}.pt")
+    finally:
+        learner.shutdown()

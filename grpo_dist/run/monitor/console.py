@@ -32,11 +32,13 @@ def eta(seconds: float) -> str:
 
 
 class ConsoleMonitor(Monitor):
-    def __init__(self, enabled: bool = True, console: Console | None = None, max_minutes: float | None = None):
-        """``max_minutes`` (trainer.max_minutes): the ETA is at most what is left of that budget."""
-        self.max_minutes = max_minutes
+    def __init__(self, enabled: bool = True, console: Console | None = None, max_minutes: float | None = None,
+                 prefix: str = ""):
+        """``max_minutes`` (trainer.max_minutes): the ETA is at most what is left of that budget.
+        ``prefix``: an adapter of several: plain lines that start with its name (no live bar)."""
+        self.max_minutes, self.prefix = max_minutes, prefix
         self.console = console or Console(stderr=False)
-        self.live = enabled and self.console.is_terminal and sys.stdout.isatty()
+        self.live = enabled and self.console.is_terminal and sys.stdout.isatty() and not prefix
         self.enabled = enabled
         self.progress: Progress | None = None
         self.task = None
@@ -68,7 +70,7 @@ class ConsoleMonitor(Monitor):
             if self.max_minutes is not None and self.max_minutes * 60 - spent < seconds:
                 seconds, why = max(0.0, self.max_minutes * 60 - spent), " (trainer.max_minutes)"
             left = f"  eta {eta(seconds)}{why}"
-        print(f"step {step}/{self.total}  {info}{left}", flush=True)
+        print(f"{'[' + self.prefix + '] ' if self.prefix else ''}step {step}/{self.total}  {info}{left}", flush=True)
 
     def close(self) -> None:
         if self.progress is not None:

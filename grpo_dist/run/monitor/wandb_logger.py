@@ -19,14 +19,16 @@ _CAUSES = {"no space left on device": errno.ENOSPC, "disk quota exceeded": errno
 
 class WandbMonitor(Monitor):
     def __init__(self, *, mode: str, project: str, entity: str | None, name: str | None,
-                 directory: str | os.PathLike, config: dict[str, Any], run_id: str | None = None):
+                 directory: str | os.PathLike, config: dict[str, Any], run_id: str | None = None,
+                 group: str | None = None):
         import wandb
 
         self.wandb = wandb
         Path(directory).mkdir(parents=True, exist_ok=True)
         # run_id: a resumed run (same trainer.run_id) continues the same W&B run
         self.run = wandb.init(mode=mode, project=project, entity=entity, name=name, dir=str(directory),
-                              config=config, reinit="finish_previous", id=run_id,
+                              config=config, reinit="create_new" if group else "finish_previous", id=run_id,
+                              group=group,
                               resume="allow" if run_id else None)
         # the x-axis of every namespace is the trainer step
         self.run.define_metric("*", step_metric="trainer/step")
@@ -34,8 +36,8 @@ class WandbMonitor(Monitor):
         self._log_seen = 0  # how far check() has read W&B's own log
 
     @classmethod
-    def from_config(cls, cfg, *, default_name: str | None = None,
-                    config: dict[str, Any] | None = None) -> "WandbMonitor":
+    def from_config(cls, cfg, *, default_name: str | None = None, config: dict[str, Any] | None = None,
+                    group: str | None = None) -> "WandbMonitor":
         """The W&B run of ``cfg.logging`` (mode, project, entity, ``run_name`` else
         ``default_name``), its files under ``cfg.output_dir``; ``config`` (what the run records as
         its config) defaults to the whole config tree."""
@@ -47,7 +49,8 @@ class WandbMonitor(Monitor):
             config = yaml.safe_load(dump_config(cfg))
         lg = cfg.logging
         return cls(mode=lg.wandb_mode, project=lg.project, entity=lg.entity, name=lg.run_name or default_name,
-                   directory=cfg.output_dir, config=config, run_id=getattr(cfg.trainer, "run_id", None))
+                   directory=cfg.output_dir, config=config, run_id=getattr(cfg.trainer, "run_id", None),
+                   group=group)
 
     @property
     def run_dir(self) -> str | None:
