@@ -1,4 +1,4 @@
-"""``grpo-dist``: train | eval | make-tiny-model | get-model | doctor.
+"""``grpo-dist``: train | eval | make-tiny-model | get-model | plot | export | doctor.
 
 The config is parsed and validated before anything heavy is imported: a bad key or value exits
 with code 2 and one line naming it, before Ray, vLLM or DeepSpeed start.
@@ -279,6 +279,18 @@ def cmd_plot(args: argparse.Namespace, _: list[str]) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace, _: list[str]) -> int:
+    """A finished run as a model directory (grpo_dist/run/export.py): exit 2 before writing, 1 after."""
+    from grpo_dist.run.export import ExportError, export
+
+    try:
+        export(args.run_dir, args.out, adapter_only=args.adapter_only, push_to_hub=args.push_to_hub)
+    except ExportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2 if e.before_writing else 1
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace, _: list[str]) -> int:
     """One PASS/FAIL line per check (grpo_dist/run/doctor.py); exit 1 when one failed."""
     from grpo_dist.run.doctor import run
@@ -360,6 +372,19 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", default=None, help="PNG path (default RUN_DIR/curves.png)")
     pl.add_argument("--title", default=None, help="figure title (default: RUN_DIR)")
     pl.set_defaults(fn=cmd_plot)
+
+    x = sub.add_parser("export", help="a finished run as a model directory that transformers and vLLM load, with "
+                       "a model card", description="Merge the run's LoRA adapter into its base model (in the base's "
+                       "dtype) and write OUT: the weights, config, tokenizer with its chat template, generation config "
+                       "and README.md, a model card (base model, held-out accuracy before/after, date, commit, machine, "
+                       "the recipe's config). AutoModelForCausalLM.from_pretrained(OUT) and `vllm serve OUT` load it.")
+    x.add_argument("run_dir", help="the run's output_dir (or one of its checkpoints/step_N)")
+    x.add_argument("out", help="the directory to write (new or empty)")
+    x.add_argument("--adapter-only", action="store_true", help="keep the PEFT LoRA adapter as it is (not merged; "
+                   "no base weights): its files and the model card")
+    x.add_argument("--push-to-hub", metavar="REPO", help="then upload OUT to the Hugging Face Hub repo REPO "
+                   "(user/name, made private if missing; needs `hf auth login` or HF_TOKEN)")
+    x.set_defaults(fn=cmd_export)
 
     d = sub.add_parser("doctor", help="check this machine: versions, CPU/GPUs, DeepSpeed's process group, Ray, a vLLM engine",
                        description="One PASS/FAIL line per check; exit 1 when one failed.")

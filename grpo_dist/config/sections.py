@@ -281,7 +281,10 @@ class ClusterConfig(Section):
 
 
 class LoggingConfig(Section):
-    wandb_mode: Literal["online", "offline", "disabled"] = Field("offline", description="W&B mode.")
+    wandb_mode: Literal["online", "offline", "disabled"] = Field(
+        "offline", description="W&B mode: offline (files under output_dir/wandb, uploaded later with `wandb sync`), "
+        "online (the key from WANDB_API_KEY or `wandb login`, checked before the run starts; W&B out of reach: offline, "
+        "said in one line) or disabled.")
     project: str = Field("grpo_dist", description="W&B project.")
     entity: Optional[str] = Field(None, description="W&B entity.")
     run_name: Optional[str] = Field(None, description="W&B run name.")

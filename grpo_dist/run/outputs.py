@@ -71,13 +71,37 @@ def code_version() -> dict[str, Any]:
     return out
 
 
+def machine() -> dict[str, Any]:
+    """The driver's machine, for the model card of an export: OS, CPU model and count, its GPUs'
+    names from ``nvidia-smi`` (torch would make a CUDA context on the driver, holding GPU memory the
+    actors need). No hostname: a card may be public."""
+    import os
+    import platform
+    import shutil
+    import subprocess
+
+    from grpo_dist.util.cpu import cpu_flags
+
+    out: dict[str, Any] = {"os": platform.platform(terse=True), "cpu": cpu_flags()[0], "cpus": os.cpu_count()}
+    if shutil.which("nvidia-smi"):
+        try:
+            r = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                               text=True, timeout=10)
+            if r.returncode == 0 and r.stdout.strip():
+                out["gpus"] = [line.strip() for line in r.stdout.splitlines() if line.strip()]
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return out
+
+
 def write_run_files(cfg: Config) -> None:
-    """``<output_dir>/run.json`` (the run id, and the code of the latest start: ``code_version``)
-    and ``config.yaml`` (what the resume command reads)."""
+    """``<output_dir>/run.json`` (the run id, the code and the machine of the latest start:
+    ``code_version``, ``machine``) and ``config.yaml`` (what the resume command reads)."""
     out = Path(cfg.output_dir)
     with writing(out):
         out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / RUN_FILE, json.dumps({"run_id": cfg.trainer.run_id, "code": code_version()}, indent=1))
+    write_atomic(out / RUN_FILE, json.dumps({"run_id": cfg.trainer.run_id, "code": code_version(),
+                                             "machine": machine()}, indent=1))
     write_atomic(out / "config.yaml", dump_config(cfg))
 
 

@@ -13,6 +13,9 @@ Each problem is a :class:`~grpo_dist.config.ConfigError` with one line naming th
 * prompts: none empty, none longer than ``data.max_prompt_tokens`` (default
   ``model.max_model_len - rollout.max_tokens``) tokens; longer ones stop the run or, with
   ``data.overlong_prompts: drop``, are dropped, counted and logged;
+* W&B online (``logging.wandb_mode``): a key (``WANDB_API_KEY`` or wandb's netrc login) of the
+  form wandb accepts, and not refused by the server; a server out of reach means offline, said in
+  one line (``run/monitor/wandb_check.py``);
 * multi-turn: one instance of each environment is made and reset on a record (its keyword
   arguments, tools and their schemas), and its opening (system prompt, tool schemas, examples,
   the question) leaves ``rollout.max_tokens`` in ``model.max_model_len``.
@@ -70,8 +73,10 @@ def check(cfg: Config, log_fn: Callable[[str], None] = print) -> Checked:
     key = _cache_key(cfg)
     if key in _CACHE:
         return _CACHE[key]
+    from grpo_dist.run.monitor.wandb_check import wandb_mode
     from grpo_dist.run.prepare import load_data, load_extra, prepare_model
 
+    wandb_mode(cfg.logging, log_fn)  # online: the key's form, then the server's answer (bounded); offline if out of reach
     prepare_model(cfg, log_fn)
     _check_model_json(cfg)  # the cheap checks first: no transformers/torch import before them
     rewards = check_rewards(cfg)

@@ -72,6 +72,17 @@ def _merge_one(w: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scaling: float
     return torch.addmm(w.float(), b, a, alpha=scaling).to(dtype)
 
 
+def merge_weight(w: torch.Tensor, factor: tuple[torch.Tensor, torch.Tensor, float, bool],
+                 dtype: torch.dtype | None = None) -> torch.Tensor:
+    """One weight with its :func:`lora_factors` entry merged in, in ``dtype`` (default ``w``'s): for
+    a merge outside :class:`LoraMerger` (``grpo-dist export``, a shard at a time)."""
+    b, a, scaling, fan_in_fan_out = factor
+    shape = (a.shape[1], b.shape[0]) if fan_in_fan_out else (b.shape[0], a.shape[1])
+    if tuple(w.shape) != shape:
+        raise MergeError(f"adapter delta {shape} vs base {tuple(w.shape)}")
+    return _merge_one(w, b, a, scaling, fan_in_fan_out, dtype or w.dtype)
+
+
 def load_state(model_dir: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor of a local HF checkpoint directory (``*.safetensors``)."""
     from safetensors.torch import load_file

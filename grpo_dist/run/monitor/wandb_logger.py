@@ -40,15 +40,19 @@ class WandbMonitor(Monitor):
                     group: str | None = None) -> "WandbMonitor":
         """The W&B run of ``cfg.logging`` (mode, project, entity, ``run_name`` else
         ``default_name``), its files under ``cfg.output_dir``; ``config`` (what the run records as
-        its config) defaults to the whole config tree."""
+        its config) defaults to the whole config tree. Online with W&B out of reach, it logs
+        offline (``wandb_check.wandb_mode``)."""
         if config is None:
             import yaml
 
             from grpo_dist.config import dump_config
 
             config = yaml.safe_load(dump_config(cfg))
+        from grpo_dist.run.monitor.wandb_check import wandb_mode
+
         lg = cfg.logging
-        return cls(mode=lg.wandb_mode, project=lg.project, entity=lg.entity, name=lg.run_name or default_name,
+        # online with W&B out of reach: offline (pre-flight said so; decided once per process)
+        return cls(mode=wandb_mode(lg), project=lg.project, entity=lg.entity, name=lg.run_name or default_name,
                    directory=cfg.output_dir, config=config, run_id=getattr(cfg.trainer, "run_id", None),
                    group=group)
 
@@ -98,15 +102,17 @@ class WandbMonitor(Monitor):
 
 def wandb_segments(cfg) -> dict[str, Any]:
     """The W&B directories of this run id under ``<output_dir>/wandb`` (one per segment: W&B
-    offline starts a new directory each time a resumed run starts), oldest first, and, offline, the
-    one command that uploads them all (`wandb sync` of several directories of one run id uploads
-    them in order of start time: wandb 0.31)."""
+    offline starts a new directory each time a resumed run starts), oldest first, and, for those
+    logged offline (by the config, or online with W&B out of reach), the one command that uploads
+    them all (`wandb sync` of several directories of one run id uploads them in order of start
+    time: wandb 0.31)."""
     if cfg.logging.wandb_mode == "disabled" or not cfg.trainer.run_id:
         return {}
     root = Path(cfg.output_dir) / "wandb"
     dirs = sorted((p for p in root.glob(f"*run-*-{cfg.trainer.run_id}") if p.is_dir()),
                   key=lambda p: p.name.split("run-", 1)[1])  # by start time ("offline-run-" or "run-" + time)
     out: dict[str, Any] = {"wandb_dirs": [str(p) for p in dirs]}
-    if cfg.logging.wandb_mode == "offline" and dirs:
-        out["wandb_sync"] = "wandb sync " + " ".join(str(p) for p in dirs)
+    offline = [p for p in dirs if p.name.startswith("offline-run-")]
+    if offline:
+        out["wandb_sync"] = "wandb sync " + " ".join(str(p) for p in offline)
     return out
