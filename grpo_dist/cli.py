@@ -7,7 +7,6 @@ with code 2 and one line naming it, before Ray, vLLM or DeepSpeed start.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
@@ -53,141 +52,19 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
         for name, acfg in adapter_configs(cfg).items():  # each adapter's config as it will run
             print(f"--- # adapter {name}\n{dump_config(acfg)}", end="")
         return 0
-    from grpo_dist.run.inputs import resolve_inputs
+    from grpo_dist.runner import exit_code, train_config
 
-    cfg = resolve_inputs(cfg)  # a relative model/data path: like output_dir (the submitter's dir in a Ray job)
-    from grpo_dist.run.lock import OutputLock, check_dir, probe
-    from grpo_dist.run.outputs import resolve_outputs
-
-    try:  # the output_dir (a file? writable? a live run's?), a resume against its checkpoint: nothing written yet
-        resolved = resolve_outputs(cfg, write=False)
-        probe(resolved.output_dir)
-        if resolved.checkpoint.dir:
-            check_dir(resolved.checkpoint.dir, "checkpoint.dir")
-    except ConfigError as e:
-        return _fail(str(e))
-    from grpo_dist.util.procenv import setup_env
-
-    setup_env()
-    from grpo_dist.devices import check_devices
-
-    try:  # the GPUs the config asks for exist (local cluster)
-        check_devices(cfg)
-    except ConfigError as e:
-        return _fail(str(e))
-    from grpo_dist.run import preflight
-
-    adapters = adapter_configs(cfg)
-    try:  # model, reward plug-ins, data (each adapter's): one line and exit 2 before any actor starts
-        for one in adapters.values() or [cfg]:
-            preflight.check(one)
-    except ConfigError as e:
-        return _fail(str(e))
-    if adapters:
-        return _train_adapters(cfg, adapters)
-    from grpo_dist.cluster.ray_utils import ClusterError, shutdown_ray
-    from grpo_dist.run.run import Interrupted, Run, TrainingError
-    from grpo_dist.train import train
-    from grpo_dist.util.disk import WriteError
-
-    try:  # absolute output_dir (a relative one inside a Ray job is refused), run id; one run per output_dir
-        run = Run(cfg)
-        lock = OutputLock(run.cfg.output_dir).acquire()
-    except ConfigError as e:
-        return _fail(str(e))
-    except WriteError as e:  # a full disk: nothing started
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    try:
-        with _stop_on_signals(run):
-            summary = train(run)
-    except ConfigError as e:
-        return _fail(str(e))
-    except (ClusterError, TrainingError, WriteError) as e:  # (the run names the step and the resume command)
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except Interrupted as e:
-        print(str(e), file=sys.stderr)
-        return 130
-    except KeyboardInterrupt:  # the second signal: no checkpoint of the unfinished step
-        from grpo_dist.run.outputs import resume_hint
-
-        print(f"stopped at once at step {run.step}: {resume_hint(run.cfg)}", file=sys.stderr)
-        return 130
-    finally:
-        try:
-            run.close()
-            shutdown_ray()
-        finally:
-            lock.release()  # (a SIGKILLed run leaves it: the next run takes it over with a warning)
-    from grpo_dist.run.outputs import summary_lines
-
-    print("\n".join(summary_lines(summary)))
+    try:  # pre-flight, the output-dir lock, Ctrl-C, the run (or the adapters' fleet): one path with the Python API
+        train_config(cfg)
+    except Exception as e:  # noqa: BLE001 - one line: a config problem (nothing started), a failed or stopped run
+        code = exit_code(e)
+        if code is None:
+            raise
+        if code == 2:
+            return _fail(str(e))
+        print(str(e) if code == 130 else f"error: {e}", file=sys.stderr)  # (it names the step and how to resume)
+        return code
     return 0
-
-
-def _train_adapters(cfg, adapters) -> int:
-    """Several adapters on one fleet (``run/fleet.py``): every adapter trained, a line for each that
-    stopped, the comparison at the end; exit 1 if any adapter failed, 130 after Ctrl-C."""
-    from grpo_dist.cluster.ray_utils import ClusterError, shutdown_ray
-    from grpo_dist.run.fleet import Fleet
-    from grpo_dist.run.lock import OutputLock
-    from grpo_dist.train import train_adapters
-    from grpo_dist.util.disk import WriteError
-
-    try:
-        fleet = Fleet(cfg, adapters)
-        lock = OutputLock(fleet.cfg.output_dir).acquire()
-    except ConfigError as e:
-        return _fail(str(e))
-    except WriteError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    try:
-        with _stop_on_signals(fleet):
-            summaries, failed = train_adapters(fleet.runs)
-            overall = fleet.write_summary(summaries, failed)
-    except (ClusterError, WriteError) as e:  # the fleet itself could not start
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    finally:
-        try:
-            fleet.close()
-            shutdown_ray()
-        finally:
-            lock.release()
-    from grpo_dist.run.outputs import adapters_table
-
-    print("\n".join(adapters_table(overall)))
-    if fleet.stop_requested:
-        return 130
-    if failed:
-        print(f"error: adapter(s) {', '.join(failed)} stopped before the end (their lines above; the others "
-              f"finished)", file=sys.stderr)
-        return 1
-    return 0
-
-
-@contextlib.contextmanager
-def _stop_on_signals(run):
-    """SIGINT / SIGTERM: the first lets the current step finish, saves a checkpoint and stops
-    (exit 130); a second one stops at once (KeyboardInterrupt). The handlers are restored after."""
-    import signal
-
-    def handler(signum, _frame):
-        if run.stop_requested:
-            raise KeyboardInterrupt
-        name = signal.Signals(signum).name
-        run.request_stop(name)
-        print(f"{name}: stopping after step {run.step + 1} finishes and is saved (again to stop at once)",
-              file=sys.stderr, flush=True)
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> int:

@@ -121,6 +121,7 @@ def adapter_configs(cfg: Config) -> dict[str, Config]:
         return {}
     check_fleet(cfg)
     base = cfg.model_dump(mode="json", exclude={"adapters"})
+    base["reward"]["functions"] = [f.model_dump() for f in cfg.reward.functions]  # a Python callable stays itself
     out: dict[str, Config] = {}
     for i, entry in enumerate(cfg.adapters):
         name, over = check_entry(i, entry)

@@ -12,6 +12,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 from grpo_dist.config.base import ConfigError, Section, _int_or_auto, _KeyError  # noqa: F401 - re-exported
 from grpo_dist.config.presets import PRESETS, apply_preset
 from grpo_dist.config.rollout_section import GPU_MEM_COLOCATED, GPU_MEM_DISAGGREGATED, RolloutConfig  # noqa: F401
+from grpo_dist.util.callables import CallableSpec, spec_of
 
 
 class TinyModelSpec(Section):
@@ -76,9 +77,19 @@ class DataConfig(Section):
 # an engine alone on its GPU takes vLLM's own default; sharing with the learner (colocated), half.
 class RewardFnConfig(Section):
     name: Optional[str] = Field(None, description="Name used in logs (reward/<name>); defaults to fn.")
-    fn: str = Field(..., description="Builtin name (correctness, math, format, length, pattern, composite), 'module:function' or 'file.py:function'.")
+    fn: str = Field(..., description="Builtin name (correctness, math, format, length, pattern, composite), 'module:function' or "
+                    "'file.py:function'; from Python (GRPOTrainer, docs/python-api.md) also the function itself, a closure, "
+                    "a lambda or an object with __call__ (sent to the reward actors by value; config.yaml records its name).")
     weight: float = Field(1.0, description="Weight in the total reward.")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments bound to the function.")
+
+    @field_validator("fn", mode="wrap")
+    @classmethod
+    def _callable(cls, v: Any, handler: Any) -> str:
+        """A callable from Python: its ``module:qualname``, or itself as a ``CallableSpec`` (a str)."""
+        if isinstance(v, CallableSpec):
+            return v
+        return spec_of(v) if callable(v) and not isinstance(v, str) else handler(v)
 
     @field_validator("weight")
     @classmethod

@@ -8,7 +8,9 @@ list[float]`` and is called as TRL calls it, with keyword arguments (:func:`call
 * ``package.module:function`` — imported with :mod:`importlib` (the module must be importable,
   e.g. on ``PYTHONPATH``); ``function`` may be dotted (``module:Class.method``);
 * ``path/to/file.py:function`` — the file is loaded as a module (relative paths are relative to
-  the current directory); each file is loaded once per process.
+  the current directory); each file is loaded once per process;
+* from Python (``GRPOTrainer(reward_funcs=[fn])``), the callable itself: the config holds it as a
+  :class:`~grpo_dist.util.callables.CallableSpec`, which reaches the reward actors by value.
 
 :func:`build_reward_fns` resolves the whole list eagerly and checks the options, so a bad
 plug-in or a misspelt option fails before training starts, with a ``ValueError`` naming the spec.
@@ -26,6 +28,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from grpo_dist.util.callables import CallableSpec, is_label
 from grpo_dist.util.plugins import load_object
 
 __all__ = ["NamedReward", "build_reward_fns", "builtin_names", "call_reward", "get_reward_fn", "is_async",
@@ -149,6 +152,11 @@ def builtin_names() -> list[str]:
 
 def get_reward_fn(spec: str) -> RewardFn:
     """Resolve ``spec`` to a callable; ``ValueError`` naming ``spec`` if that is impossible."""
+    if isinstance(spec, CallableSpec):  # a callable from Python (the reward actors unpickle it here)
+        return spec.fn
+    if is_label(spec):
+        raise ValueError(f"{spec} stands for a Python callable given to GRPOTrainer: a config file records only "
+                         f"its name; pass the callable again through the Python API, or name it 'module:function'")
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"reward function spec must be a non-empty string, got {spec!r}")
     spec = spec.strip()
@@ -168,7 +176,9 @@ def get_reward_fn(spec: str) -> RewardFn:
 
 
 def default_name(spec: str) -> str:
-    """The name used when a config entry has none: the spec's last component."""
+    """The name used when a config entry has none: the spec's last component (a callable's ``__name__``)."""
+    if isinstance(spec, CallableSpec):
+        return spec.name
     return spec.strip().rpartition(":")[2].rpartition(".")[2]
 
 

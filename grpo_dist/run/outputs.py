@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_dist.config import Config, ConfigError, dump_config
+from grpo_dist.util.callables import CallableSpec
 from grpo_dist.util.disk import append_lines, write_atomic, writing
 from grpo_dist.util.paths import user_path
 
@@ -125,6 +126,8 @@ def read_metrics(out: Path) -> list[dict[str, float]]:
 
 def resume_command(cfg: Config) -> str:
     """The exact command that continues this run from its newest checkpoint."""
+    if any(isinstance(f.fn, CallableSpec) for f in cfg.reward.functions):  # config.yaml has only their names
+        return "the same GRPOTrainer(...).train() with GRPOConfig(resume_from_checkpoint=True)"
     return f"grpo-dist train --config {Path(cfg.output_dir) / 'config.yaml'} --checkpoint.resume auto"
 
 
