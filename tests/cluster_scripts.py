@@ -22,6 +22,10 @@ from grpo_dist.util.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER_PORTS = 20  # a node's worker ports: [workers, workers + WORKER_PORTS]
+# a job's quick run of configs/tiny_cpu.yaml (with --model.path): one step, the hf backend, no evaluation
+ONE_STEP = ["--rollout.backend", "hf", "--rollout.num_workers", "1", "--rollout.prompts_per_step", "4",
+            "--rollout.group_size", "4", "--rollout.max_tokens", "5", "--trainer.steps", "1",
+            "--trainer.eval_before_after", "false", "--checkpoint.every", "0", "--logging.wandb_mode", "disabled"]
 _WORKER_SPANS: list[int] = []  # the worker spans and other ports given to the nodes of this process
 _PORTS_GIVEN: list[int] = []
 _KEEP = ("LANG", "LC_ALL", "USER", "LOGNAME", "SHELL", "TERM", "TMPDIR", "TZ",
@@ -114,6 +118,25 @@ def start_head(home: Path, *args: str, node_ip: str | None = None, **env: str) -
                 node_ip or "127.0.0.1")
 
 
+def start_open_head(home: Path, *args: str) -> Node:
+    """A head as a plain `ray start --head` starts it with Ray's defaults (KubeRay's too): no token
+    authentication (RAY_AUTH_MODE unset, no token file in its HOME), here on 127.0.0.1 with free
+    ports and its dashboard (job server). Its processes are recorded by launch/_procs.py, as the
+    start scripts do, so :func:`stop` (launch/stop_cluster.sh) takes exactly them."""
+    ports = node_ports(head=True)
+    e = user_env(home, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",  # else Ray listens on the host's address
+                 AUTOSCALER_METRIC_PORT=str(ports["autoscaler_metrics"]),
+                 DASHBOARD_METRIC_PORT=str(ports["dashboard_metrics"]))
+    pid_file = home / ".ray" / "grpo_dist" / f"head-{ports['gcs']}.json"
+    cmd = [sys.executable, "launch/_procs.py", "start", str(pid_file), "head", "--", "ray", "start", "--head",
+           "--disable-usage-stats", "--node-ip-address", "127.0.0.1", "--port", str(ports["gcs"]),
+           "--dashboard-host", "127.0.0.1", "--dashboard-port", str(ports["dashboard"]), "--include-dashboard",
+           "true", "--num-cpus", "2", *port_args(ports), *args]
+    r = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return Node("head", e, pid_file, ports, r.stdout + r.stderr)
+
+
 def start_worker(home: Path, head: Node, node_ip: str, *args: str) -> Node:
     ports = node_ports(head=False)
     e = user_env(home, RAY_NODE_IP=node_ip, RAY_AUTH_TOKEN_PATH=head.env.get("RAY_AUTH_TOKEN_PATH",
@@ -195,3 +218,24 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def documented_submit() -> tuple[str, list[str]]:
+    """docs/multinode.md "Any Ray cluster": its `ray job submit` command line as written, and its
+    `export` lines."""
+    doc = (ROOT / "docs" / "multinode.md").read_text()
+    m = re.search(r"\n## Any Ray cluster\n(.*?)(?=\n## )", doc, re.S)
+    assert m, "docs/multinode.md has no '## Any Ray cluster' section"
+    lines = "\n".join(re.findall(r"```bash\n(.*?)```", m.group(1), re.S)).splitlines()
+    submit = [ln for ln in lines if ln.startswith("ray job submit ")]
+    assert len(submit) == 1, lines
+    return submit[0], [ln for ln in lines if ln.startswith("export ")]
+
+
+def job_record(url: str, job_id: str, token: str | None = None) -> dict:
+    """The job server's record of ``job_id`` (its runtime_env included)."""
+    import urllib.request
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(f"{url}/api/jobs/{job_id}", headers=headers)
+    return json.loads(urllib.request.urlopen(req, timeout=30).read())

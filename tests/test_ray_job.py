@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster_scripts import ROOT, start_head, stop
+from cluster_scripts import ONE_STEP, ROOT, documented_submit, job_record, start_head, stop
 
 pytestmark = pytest.mark.slow
 
@@ -149,3 +150,27 @@ def test_train_as_ray_job(ray_head, pretrained_model_dir, tmp_path):
             r.stdout[-2000:] + r.stderr[-2000:]
         r = subprocess.run(["ray", "job", *cmd], env=follow, capture_output=True, text=True, timeout=120)
         assert r.returncode != 0, r.stdout[-2000:]
+
+
+def test_the_documented_ray_job_submit_command_trains(ray_head, pretrained_model_dir, tmp_path):
+    """docs/multinode.md "Any Ray cluster": Ray's own `ray job submit`, as written there, from a
+    directory holding only the config: the code is the nodes' installed grpo_dist, the token is in
+    the submitter's environment only (the driver joins with its node's), a relative output_dir
+    lands in the submitter's directory."""
+    cmd, exports = documented_submit()
+    assert any("RAY_AUTH_MODE=token" in e and "RAY_AUTH_TOKEN_PATH=" in e for e in exports), exports
+    proj = tmp_path / "my_run"
+    proj.mkdir()
+    (proj / "my.yaml").write_text((ROOT / "configs" / "tiny_cpu.yaml").read_text())
+    token_file, url = ray_head["token_file"], ray_head["url"]
+    env = dict(ray_head["env"], RAY_ADDRESS=url, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file))
+    r = subprocess.run(["bash", "-c", cmd + " " + shlex.join([*ONE_STEP, "--model.path", str(pretrained_model_dir)])],
+                       cwd=proj, env=env, capture_output=True, text=True, timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "succeeded" in out, r.stdout[-3000:] + r.stderr[-3000:]
+    token = token_file.read_text().strip()
+    assert token not in out
+    summary = json.loads((proj / "runs" / "tiny_cpu" / "summary.json").read_text())
+    assert summary["steps"] == 1
+    job_id = re.search(r"Job '([^']+)' submitted successfully", out).group(1)
+    assert job_record(url, job_id, token)["runtime_env"]["env_vars"] == {"GRPO_DIST_SUBMIT_DIR": str(proj)}
