@@ -42,7 +42,7 @@ GROUP_SECONDS = {
     "test_hangs_e2e.py": 171, "test_failures_after_start.py": 159, "test_console.py": 154,
     "test_collective_e2e.py": 151, "test_stream_e2e.py": 150, "test_resume_exact.py": 200, "test_heartbeat.py": 91,
     "test_e2e.py": 82, "test_reproducibility.py": 79, "test_agent_frameworks.py": 70, "netns": 67,
-    "test_learner_dist.py": 64, "test_launch_cluster.py": 60, "test_ray_job.py": 57, "test_vllm_versions.py": 52,
+    "test_learner_dist.py": 64, "test_launch_cluster.py": 60, "test_ray_job.py": 130, "test_vllm_versions.py": 52,
     "test_evaluation.py": 51, "test_agent_stream.py": 50, "test_preflight.py": 50, "test_env_async.py": 44,
     "test_vllm_plugin.py": 39, "test_learners_ray.py": 38, "test_local_auth.py": 31, "test_disk_e2e.py": 31,
     "test_rollout_dtype_e2e.py": 30, "test_sync_in_place.py": 29, "test_inflight_engine.py": 23,
@@ -54,7 +54,7 @@ GROUP_SECONDS = {
     # new on 2026-12-07, measured alone on the loaded development machine (to re-measure on a clean clone)
     "test_adapters_e2e.py": 200, "test_adapters_learner.py": 70, "test_engine_stall_e2e.py": 80,
     "test_export.py": 55, "test_wandb_online.py": 45, "test_agent_refused.py": 20, "test_checkpoint_whole.py": 15,
-    "test_sandbox_walls.py": 16,
+    "test_sandbox_walls.py": 16, "test_api.py": 150, "test_configs_run.py": 225, "test_ray_job_open.py": 80,
 }
 NEW_GROUP_S = 15  # a new file: after the long groups, before the quick ones; measure it and add it above
 
