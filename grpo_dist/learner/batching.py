@@ -42,6 +42,11 @@ class Collated:
     first_pos: Optional[torch.Tensor] = None  # [B] long: its prompt's last position in that row
     first_tok: Optional[torch.Tensor] = None  # [B] long: its first token
     groups: Any = None  # group attention (grpo_dist.learner.group_attention.GroupLayout): replaces the 4-D mask
+    # the group layout's kept logits (packing.collate_packed): one position per completion token, in
+    # batch order, so the model's vocabulary-sized logits skip the prompts' positions
+    kept_pos: Optional[torch.Tensor] = None  # [K] long: the row position whose logits score token k
+    kept_tok: Optional[torch.Tensor] = None  # [1, K] long: token k
+    kept_col: Optional[torch.Tensor] = None  # [B, C] long: k of completion token j of row b (0 past its end)
     tokens: int = 0  # the real (not padding) tokens the layout runs through the model (the FLOP count's)
 
     @property

@@ -38,16 +38,18 @@ class Layout:
         self._attn_original: Optional[str] = None  # the implementation group attention wraps, while on
 
     def collate(self, batch: TrainBatch, rows: Optional[range] = None, mode: Optional[str] = None,
-                pack_len: Optional[int] = None) -> Collated:
-        """Rows ``rows`` (default all) of ``batch`` on the device, in ``mode`` (default: the
-        chosen layout) with ``mask`` rows of at most ``pack_len`` tokens (default: the chosen)."""
+                pack_len: Optional[int] = None, device: Optional[torch.device] = None) -> Collated:
+        """Rows ``rows`` (default all) of ``batch`` on ``device`` (default: the learner's), in
+        ``mode`` (default: the chosen layout) with ``mask`` rows of at most ``pack_len`` tokens
+        (default: the chosen)."""
         mode = self.mode if mode is None else mode
+        device = self.device if device is None else device
         if mode not in MODES:
             raise ValueError(f"unknown layout {mode!r}; expected one of {MODES}")
         if mode == "off":
-            return collate(batch, rows, self.pad_id).to(self.device)
+            return collate(batch, rows, self.pad_id).to(device)
         length = pack_len or self.pack_len or 1
-        return collate_packed(batch, rows, self.pad_id, length, self.mask_dtype, group=mode == "group").to(self.device)
+        return collate_packed(batch, rows, self.pad_id, length, self.mask_dtype, group=mode == "group").to(device)
 
     # ------------------------------------------------------------------ group attention
     def group_attention(self, on: bool) -> None:

@@ -23,7 +23,7 @@ from . import group_attention
 from .batching import Collated, gather_completion
 from .dist_init import init_process_group
 from .optim import deepspeed_config, gradient_accumulation_steps, make_scheduler_factory
-from .packing import packed_token_values
+from .packing import kept_token_values, packed_token_values
 from .reference import Reference
 
 
@@ -159,9 +159,11 @@ class PolicyModel:
         temperature = self.cfg.rollout.temperature
         if mb.packed:
             groups = {} if mb.groups is None else {group_attention.KWARG: mb.groups}
+            kept = {} if mb.kept_pos is None else {"logits_to_keep": mb.kept_pos}  # completion tokens' only
             logits = module(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
-                            use_cache=False, **groups).logits
-            return packed_token_values(logits / temperature if temperature != 1.0 else logits, mb, entropy)
+                            use_cache=False, **groups, **kept).logits
+            values = packed_token_values if mb.kept_pos is None else kept_token_values
+            return values(logits / temperature if temperature != 1.0 else logits, mb, entropy)
         out = module(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
                      logits_to_keep=mb.logits_to_keep, use_cache=False)
         logits = out.logits[:, :-1]

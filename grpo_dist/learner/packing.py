@@ -21,7 +21,9 @@ The first token of a completion is predicted by the prompt's last position (shar
 group's completions); every later token by the position before it, as in a plain sequence.
 
 The mask layout runs each prompt once instead of G times; the group layout also drops the row
-padding and most of the mask layout's attention work (benchmarks/NOTES.md has the figures).
+padding and most of the mask layout's attention work (benchmarks/NOTES.md has the figures), and
+asks the model for the logits of the positions that score a completion token only (``kept_pos``,
+passed as ``logits_to_keep``): an agent segment's long prompt costs no vocabulary-sized logits.
 
 The learner checks the layouts once at set-up against the padded one on its own model (an
 attention implementation that ignores a 4-D mask, e.g. flash-attention, fails the check) and
@@ -86,6 +88,12 @@ def collate_packed(batch: TrainBatch, rows: Optional[range] = None, pad_id: int 
     first_tok = torch.zeros(B, dtype=torch.long)
     index = torch.zeros((B, C), dtype=torch.long)  # window column (logits[:, :-1]) predicting token j
     spans: list[tuple[int, list[tuple[int, int]]]] = []  # group layout: (prompt start, [(start, len)])
+    # group layout (one row): the position scoring each completion token, in batch order: its
+    # prompt's last one for token 0 (once per completion: a group's completions start differently),
+    # the one before it for the rest
+    kept_pos: list[int] = []
+    kept_tok: list[int] = []
+    kept_col = torch.zeros((B, C), dtype=torch.long)
     for r, segs in enumerate(placed):
         off = 0
         for n, members in segs:
@@ -108,14 +116,23 @@ def collate_packed(batch: TrainBatch, rows: Optional[range] = None, pad_id: int 
                 first_tok[b] = c[0]
                 index[b, :m] = torch.arange(off - 1, off - 1 + m)
                 index[b, 0] = p0 + n - 1  # (logits at the prompt end; replaced by first_logp below anyway)
+                if group:
+                    kept_col[b, :m] = torch.arange(len(kept_pos), len(kept_pos) + m)
+                    kept_pos += [p0 + n - 1] + list(range(off, off + m - 1))
+                    kept_tok += c
                 off += m
             spans.append((r * L + p0, [(r * L + st, m) for st, m in span]))
 
+    kept: dict[str, torch.Tensor] = {}
     if group:
         from .group_attention import build_layout
 
         layout = build_layout(spans, [n for n, _ in plan])
         attn = torch.zeros((R, 1, 1, 1), dtype=mask_dtype)  # a 4-D placeholder: transformers passes it as is
+        if not kept_pos:  # no completion tokens at all: one position, its value masked out
+            kept_pos, kept_tok = [0], [pad_id]
+        kept = {"kept_pos": torch.tensor(kept_pos, dtype=torch.long),
+                "kept_tok": torch.tensor([kept_tok], dtype=torch.long), "kept_col": kept_col}
     else:
         q = torch.arange(L)
         causal = q[None, :] <= q[:, None]  # [L(query), L(key)]
@@ -128,7 +145,7 @@ def collate_packed(batch: TrainBatch, rows: Optional[range] = None, pad_id: int 
     return Collated(input_ids, attn, 0, index, padded.mask, padded.valid, padded.advantages,
                     padded.behaviour_logp, padded.lengths, position_ids=position_ids, row=row_of,
                     first_pos=first_pos, first_tok=first_tok, groups=layout,
-                    tokens=sum(n + sum(len(comps[b]) for b in members) for n, members in plan))
+                    tokens=sum(n + sum(len(comps[b]) for b in members) for n, members in plan), **kept)
 
 
 def packed_token_values(logits: torch.Tensor, mb: Collated, entropy: bool = False):
@@ -144,6 +161,22 @@ def packed_token_values(logits: torch.Tensor, mb: Collated, entropy: bool = Fals
         with torch.no_grad():
             ent = _per_completion(entropy_from_logits(window.detach()), entropy_from_logits(ends.detach()), mb)
     return logp, ent
+
+
+def kept_token_values(logits: torch.Tensor, mb: Collated, entropy: bool = False):
+    """Per-completion-token log-probs ``[B, C]`` (and entropies, no grad) from the kept logits
+    ``[1, K, V]`` (``Collated.kept_pos``; already temperature-scaled); 0 where not valid."""
+    logp = _kept_per_completion(selective_log_softmax(logits, mb.kept_tok), mb)
+    ent = None
+    if entropy:
+        with torch.no_grad():
+            ent = _kept_per_completion(entropy_from_logits(logits.detach()), mb)
+    return logp, ent
+
+
+def _kept_per_completion(values: torch.Tensor, mb: Collated) -> torch.Tensor:
+    out = values.reshape(-1)[mb.kept_col]  # [B, C]
+    return torch.where(mb.valid, out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
 def _per_completion(per_pos: torch.Tensor, first: torch.Tensor, mb: Collated) -> torch.Tensor:

@@ -10,14 +10,14 @@ gradient of that whole-batch loss (no division by the accumulation steps either)
 Host syncs: every metric (the loss's and the importance weights', asked of ``grpo_dist.algo`` as
 tensors, and the learner's own: entropy, behaviour log-prob gaps) stays a 0-d tensor until the end
 of the step and is read in one go (``MetricAccumulator``); the token counts of the loss's
-normalisation are read once per step, before the first forward; the gradient norm once per
+normalisation are read once per step, before the first training forward; the gradient norm once per
 optimizer step, the parameter norm once. None per micro-batch (tests/test_learner_syncs.py).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -45,6 +45,34 @@ def old_logp_source(cfg: Config) -> str:
     return "behaviour" if cfg.trainer.async_rollouts and cfg.algo.rollout_is == "none" else "policy"
 
 
+class MicroBatches:
+    """A step's micro-batches (``rows``: ranges of ``batch``; an empty one is an idle micro-batch),
+    handed out one at a time, so the step never holds every micro-batch's tensors (the mask
+    layout's 4-D masks and the group layout's blocks grow with its segments;
+    tests/test_learner_memory.py). On a CPU learner each pass collates again (a few ms against
+    seconds of model); on an accelerator each is collated once into host memory and copied over per
+    pass (collating would cost as much as a small model's pass there)."""
+
+    def __init__(self, layout: Layout, batch: TrainBatch, rows: list[range], pad_id: int):
+        self.layout, self.batch, self.rows, self.pad_id = layout, batch, rows, pad_id
+        self.host: Optional[list] = None if layout.device.type == "cpu" else [None] * len(rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[Collated]:
+        return (self[i] for i in range(len(self)))
+
+    def __getitem__(self, i: int) -> Collated:
+        r = self.rows[i]
+        batch, r = (self.batch, r) if len(r) else (idle_batch(self.batch, self.pad_id), None)
+        if self.host is None:
+            return self.layout.collate(batch, r)
+        if self.host[i] is None:
+            self.host[i] = self.layout.collate(batch, r, device=torch.device("cpu"))
+        return self.host[i].to(self.layout.device)
+
+
 class TrainStep:
     """``algo.num_iterations`` optimizer steps on this rank's shard of a batch (``run``)."""
 
@@ -65,34 +93,46 @@ class TrainStep:
         if len(batch.advantages) != len(batch):
             raise ValueError(f"batch has {len(batch)} completions but {len(batch.advantages)} advantages")
         rows = self._micro_rows(batch)
-        micro = [self.layout.collate(batch, r) if len(r) else self.layout.collate(idle_batch(batch, p.pad_id))
-                 for r in rows]
         seqs = [len(r) for r in rows]  # an idle micro-batch (a rank short of rows) weighs nothing
-        nograd_passes = 0
-        selected = None
-        if a.top_entropy_frac < 1.0:
-            selected, nograd_passes = self._keep_high_entropy(micro, a.top_entropy_frac), 1
-        counts = torch.stack([mb.mask.sum() for mb in micro]).tolist()  # one read for every micro-batch
-        global_tokens, global_seqs = self._sum_over_ranks([float(sum(counts)), float(len(batch))])
-        t1 = time.perf_counter()
-
-        ref = [p.logprobs_nograd(mb, reference=True) for mb in micro] if p.needs_ref() else None
         use_is = a.rollout_is != "none"
-        if (self.old_logp_source == "behaviour" or use_is) and any(mb.behaviour_logp is None for mb in micro):
+        if (self.old_logp_source == "behaviour" or use_is) and not batch.behaviour_logprobs:
             need = ("old_logp_source='behaviour'" if self.old_logp_source == "behaviour"
                     else f"algo.rollout_is={a.rollout_is}")
             raise ValueError(f"{need} needs behaviour_logprobs for every completion")
-        if self.old_logp_source == "behaviour":
-            old = [mb.behaviour_logp for mb in micro]
-        elif a.num_iterations > 1:
-            old = [p.logprobs_nograd(mb) for mb in micro]
-        else:
-            old = None  # logp.detach() per micro-batch: ratio 1, on-policy gradient
-        nograd_passes += (ref is not None) + (old is not None and self.old_logp_source == "policy")
+        # the passes before the update, one micro-batch at a time; what the step keeps of each is
+        # [B, C] per completion token: its loss mask, the reference's and pi_old's log-probs
+        # (behaviour: pi_old is the batch's; num_iterations 1: logp.detach() per micro-batch, ratio 1)
+        entropy, need_ref = a.top_entropy_frac < 1.0, p.needs_ref()
+        policy_old = self.old_logp_source == "policy" and a.num_iterations > 1
+        micro = MicroBatches(self.layout, batch, rows, p.pad_id)
+        masks, ents = [], []
+        ref: Optional[list] = [] if need_ref else None
+        old: Optional[list] = [] if policy_old or self.old_logp_source == "behaviour" else None
+        tokens, t_ref_old = 0, 0.0
+        for mb in micro:
+            masks.append(mb.mask)
+            tokens += mb.tokens
+            lp = None
+            if entropy:  # the same pass gives pi_old
+                lp, e = p.logprobs_nograd(mb, entropy=True)
+                ents.append(e)
+            ts = time.perf_counter()
+            if need_ref:
+                ref.append(p.logprobs_nograd(mb, reference=True))
+            if policy_old:
+                old.append(lp if lp is not None else p.logprobs_nograd(mb))
+            elif old is not None:
+                old.append(mb.behaviour_logp)
+            t_ref_old += time.perf_counter() - ts
+        nograd_passes = int(entropy or policy_old) + int(need_ref)
+        selected = self._keep_high_entropy(ents, masks, a.top_entropy_frac) if entropy else None
+        counts = torch.stack([m.sum() for m in masks]).tolist()  # one read for every micro-batch
+        global_tokens, global_seqs = self._sum_over_ranks([float(sum(counts)), float(len(batch))])
         # IS weights: fixed for the step (pi_old does not move between iterations); with old None they
         # are made from the first iteration's logp.detach(), micro-batch by micro-batch
         is_w: list = [None] * len(micro)
         t2 = time.perf_counter()
+        t1 = t2 - t_ref_old
 
         acc = MetricAccumulator()
         grad_norms: list[float] = []
@@ -100,6 +140,7 @@ class TrainStep:
         max_len = a.max_len or self.cfg.rollout.sampled_budget  # multi-turn: over all assistant turns
         for it in range(a.num_iterations):
             for i, mb in enumerate(micro):
+                mb.mask = masks[i]
                 logp, ent = p.forward(mb, entropy=(it == 0))
                 old_i = old[i] if old is not None else logp.detach()
                 ref_i = ref[i] if ref is not None else (old_i if a.kl_reference == "old" and a.beta > 0 else None)
@@ -137,7 +178,7 @@ class TrainStep:
             "train/version": float(p.version), "train/micro_batches": float(len(micro)),
             **({"train/ref_refreshes": float(p.reference.refreshes)} if a.ref_refresh_every else {}),
             **({"train/entropy_selected_frac": selected} if selected is not None else {}),
-            **self._perf(float(sum(mb.tokens for mb in micro)), a.num_iterations, nograd_passes, t_end - t0),
+            **self._perf(float(tokens), a.num_iterations, nograd_passes, t_end - t0),
             "timing/learn_prepare": t1 - t0, "timing/learn_ref_old": t2 - t1,
             "timing/learn_update": t3 - t2, "timing/learn_total": t_end - t0,
         })
@@ -172,14 +213,14 @@ class TrainStep:
         return out
 
     @torch.no_grad()
-    def _keep_high_entropy(self, micro: list[Collated], frac: float) -> float:
-        """Narrow every micro-batch's loss mask to the ``frac`` highest-entropy completion tokens of
-        the *whole* batch (one no-grad policy pass; with several ranks the threshold is the quantile
+    def _keep_high_entropy(self, ents: list[torch.Tensor], masks: list[torch.Tensor], frac: float) -> float:
+        """Narrow every micro-batch's loss mask (``masks``, in place) to the ``frac``
+        highest-entropy completion tokens of the *whole* batch (``ents``: each micro-batch's
+        entropies from one no-grad policy pass; with several ranks the threshold is the quantile
         of every rank's entropies, so the selection equals the single-process one); returns the
         fraction of tokens kept."""
         p = self.policy
-        ents = [p.logprobs_nograd(mb, entropy=True)[1] for mb in micro]
-        pool = torch.cat([e[mb.mask.bool()] for e, mb in zip(ents, micro)]).float().cpu()
+        pool = torch.cat([e[m.bool()] for e, m in zip(ents, masks)]).float().cpu()
         if p.world_size > 1:
             import torch.distributed as dist
 
@@ -189,9 +230,9 @@ class TrainStep:
         if pool.numel() == 0:
             return 0.0
         threshold = quantile(pool, 1.0 - frac).to(ents[0].device)
-        for e, mb in zip(ents, micro):
-            mb.mask = mb.mask * (e >= threshold).to(mb.mask.dtype)
-        kept = self._sum_over_ranks([float(torch.stack([mb.mask.sum() for mb in micro]).sum())])[0]
+        for i, e in enumerate(ents):
+            masks[i] = masks[i] * (e >= threshold).to(masks[i].dtype)
+        kept = self._sum_over_ranks([float(torch.stack([m.sum() for m in masks]).sum())])[0]
         return kept / float(pool.numel())
 
     @staticmethod
