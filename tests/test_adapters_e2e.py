@@ -115,13 +115,15 @@ def test_an_adapters_config_with_two_tasks_a_broken_reward_that_stops_alone_and_
     for name in ("add", "small"):
         assert (out / "adapters" / name / "checkpoints" / "step_000002").is_dir()
     # resume: every adapter continues from its own newest checkpoint
-    again = _train(pretrained_model_dir, out, "--checkpoint.resume", "auto", "--trainer.steps", "3",
-                   "--checkpoint.every", "1", config=config)
+    # (and one step ahead: each adapter's batches generate while its learner trains, at most 1 version old)
+    again = _train(pretrained_model_dir, out, "--checkpoint.resume", "auto", "--trainer.steps", "4",
+                   "--checkpoint.every", "1", "--trainer.max_staleness", "1", config=config)
     assert again.returncode == 1, again.stderr[-3000:]  # broken is still broken
     assert again.stdout.count("resumed from step 2") == 2
     for name in ("add", "small"):
         m = _metrics(out / "adapters" / name)
-        assert [int(x["step"]) for x in m] == [1, 2, 3], name
+        assert [int(x["step"]) for x in m] == [1, 2, 3, 4], name
+        assert m[3]["rollout/staleness_max"] == 1 and m[3]["timing/generate_wait"] < m[0]["timing/generate"], name
 
 
 @pytest.mark.heavy

@@ -49,13 +49,22 @@ class AdapterView:
 
     def __init__(self, group: Any, adapter: str, methods: frozenset[str]):
         self.group, self.adapter, self._methods = group, adapter, methods
+        self._handles: dict[int, AdapterActor] = {}
 
     def __getattr__(self, name: str) -> Any:  # get, role, timeout, replace, heartbeats: the group's own
         return getattr(self.group, name)
 
     @property
     def actors(self) -> list[AdapterActor]:
-        return [AdapterActor(a, self.adapter, self._methods) for a in self.group.actors]  # replaced ones too
+        """The group's actors now (replaced ones too), each wrapped once: the same actor is the same
+        handle, so ``chunk.actor is view.actors[rank]`` tells a replaced engine from a live one."""
+        return [self._handle(a) for a in self.group.actors]
+
+    def _handle(self, actor: Any) -> AdapterActor:
+        h = self._handles.get(id(actor))
+        if h is None or h.actor is not actor:
+            h = self._handles[id(actor)] = AdapterActor(actor, self.adapter, self._methods)
+        return h
 
     def __len__(self) -> int:
         return len(self.group)

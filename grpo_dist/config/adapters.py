@@ -149,7 +149,8 @@ def _value(raw: str) -> Any:
 def check_fleet(cfg: "Config") -> None:
     """What a run of several adapters needs of the fleet they share (this version): engines that
     merge adapters in memory and switch between them (the vLLM engine in the actor's process, the
-    CPU default), the batch pipeline, on-policy steps. A ``ConfigError`` naming the key otherwise."""
+    CPU default) and the batch pipeline (``trainer.max_staleness`` works: each adapter's batches are
+    queued ahead as in a run of its own). A ``ConfigError`` naming the key otherwise."""
     r, c = cfg.rollout, cfg.cluster
     lora_engines = r.adapter_mode == "lora" or (r.adapter_mode == "auto" and c.rollout_gpus > 0)
     refusals = [
@@ -159,8 +160,6 @@ def check_fleet(cfg: "Config") -> None:
                                                "is not in this version)"),
         ("rollout.engine_in_process", not r.engine_in_process, "true (the engine merges adapters in memory)"),
         ("rollout.inflight_updates", r.inflight_updates, "false"),
-        ("trainer.max_staleness", bool(cfg.trainer.max_staleness), "0 (each adapter's step generates with its "
-                                                                  "newest weights)"),
         ("sync.transport", cfg.sync.transport == "collective", "object_store or filesystem"),
     ]
     for key, bad, need in refusals:
