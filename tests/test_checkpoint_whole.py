@@ -26,40 +26,10 @@ from grpo_dist.run.checkpoint import MANIFEST, STATE_FILE, check_resume, list_ch
 from grpo_dist.run.outputs import resume_hint
 from grpo_dist.util.disk import partial_dir
 from grpo_dist.util.files import write_tree
+from checkpoint_helpers import save_step, small_run_config
+import checkpoint_helpers
 
-
-class _Here:
-    """The learner group's two calls (``call`` then ``get``) on one learner in this process."""
-
-    def __init__(self, learner):
-        self.learner = learner
-
-    def call(self, method: str, *args):
-        return [getattr(self.learner, method)(*args)]
-
-    def get(self, refs, timeout=None):
-        return refs
-
-
-@pytest.fixture(scope="module")
-def learner(tiny_model_dir, in_process_learners):
-    from grpo_dist.testing.learner import make_learner, small_config
-
-    lrn, _ = make_learner(small_config(tiny_model_dir))
-    return lrn
-
-
-def _cfg(tiny_model_dir, out: Path, keep: int = 3):
-    from grpo_dist.testing.learner import small_config
-
-    cfg = small_config(tiny_model_dir)
-    cfg.output_dir, cfg.checkpoint.keep = str(out), keep
-    return cfg
-
-
-def _save(cfg, learner, step: int) -> Path:
-    workers = type("W", (), {"learner": _Here(learner)})()
-    return checkpoint.save(cfg, workers, step, {"position": step}, {"history": [{"step": float(step)}]})
+learner = checkpoint_helpers.learner  # the module-scoped fixture
 
 
 @pytest.fixture
@@ -93,8 +63,8 @@ def test_write_tree_syncs_each_file_then_its_directories_deepest_first(tmp_path,
 
 def test_a_checkpoint_reaches_the_disk_before_its_name_and_its_manifest_last(tmp_path, tiny_model_dir, learner,
                                                                                recorded):
-    cfg = _cfg(tiny_model_dir, tmp_path.resolve())
-    out = _save(cfg, learner, 1)
+    cfg = small_run_config(tiny_model_dir, tmp_path.resolve())
+    out = save_step(cfg, learner, 1)
     tmp = partial_dir(out)
     at = recorded.index(("rename", str(tmp), str(out)))
     synced = [e[1] for e in recorded[:at] if e[0] == "fsync"]
@@ -117,8 +87,8 @@ def _damaged_copies(cfg, tmp_path: Path, learner) -> tuple[Path, Path]:
     """Whole checkpoints of steps 1 and 2 (written once per test, then copied)."""
     src = tmp_path / "src"
     if not src.is_dir():
-        _save(cfg, learner, 1)
-        _save(cfg, learner, 2)
+        save_step(cfg, learner, 1)
+        save_step(cfg, learner, 2)
         shutil.copytree(cfg.checkpoint_dir, src)
     return src, cfg.checkpoint_dir
 
@@ -132,7 +102,7 @@ def _learner_file(ckpt: Path) -> Path:
 
 def test_resume_auto_skips_a_checkpoint_that_is_not_whole_naming_it_and_a_named_one_is_one_line(
         tmp_path, tiny_model_dir, learner, capsys):
-    cfg = _cfg(tiny_model_dir, tmp_path / "run")
+    cfg = small_run_config(tiny_model_dir, tmp_path / "run")
     older, newest = step_dir(cfg, 1), step_dir(cfg, 2)
 
     def cut_state(d: Path) -> str:
@@ -184,9 +154,9 @@ def test_resume_auto_skips_a_checkpoint_that_is_not_whole_naming_it_and_a_named_
 def test_checkpoints_of_earlier_versions_count_when_their_state_parses(tmp_path, tiny_model_dir, learner, capsys):
     """Written before manifests: trainer_state.json written last, nothing fsynced. Its state parses:
     whole (the rest was complete when it was written); empty or cut: skipped."""
-    cfg = _cfg(tiny_model_dir, tmp_path / "run")
-    _save(cfg, learner, 1)
-    _save(cfg, learner, 2)
+    cfg = small_run_config(tiny_model_dir, tmp_path / "run")
+    save_step(cfg, learner, 1)
+    save_step(cfg, learner, 2)
     for d in (step_dir(cfg, 1), step_dir(cfg, 2)):
         (d / MANIFEST).unlink()
         state = json.loads((d / STATE_FILE).read_text())
@@ -212,17 +182,17 @@ def test_a_checkpoint_that_is_not_whole_is_replaced_or_pruned_never_counted(tmp_
     """``checkpoint.keep`` counts whole checkpoints only: a damaged newest one never pushes out the
     one a resume needs; the resumed run writes its step anew, and a damaged one older than a new
     checkpoint is removed."""
-    cfg = _cfg(tiny_model_dir, tmp_path / "run", keep=1)
-    _save(cfg, learner, 1)
-    _save(cfg, learner, 2)  # keep 1: step 1 pruned once step 2 is whole
+    cfg = small_run_config(tiny_model_dir, tmp_path / "run", keep=1)
+    save_step(cfg, learner, 1)
+    save_step(cfg, learner, 2)  # keep 1: step 1 pruned once step 2 is whole
     assert list_checkpoints(cfg.checkpoint_dir) == [step_dir(cfg, 2)]
     _learner_file(step_dir(cfg, 2)).unlink()
     cfg.checkpoint.keep = 2
-    _save(cfg, learner, 1)  # (a run that restarted from scratch: the damaged step 2 is newer, kept)
+    save_step(cfg, learner, 1)  # (a run that restarted from scratch: the damaged step 2 is newer, kept)
     assert list_checkpoints(cfg.checkpoint_dir) == [step_dir(cfg, 1)]
     assert step_dir(cfg, 2).is_dir()
-    _save(cfg, learner, 2)  # written anew over the damaged one
+    save_step(cfg, learner, 2)  # written anew over the damaged one
     assert list_checkpoints(cfg.checkpoint_dir) == [step_dir(cfg, 1), step_dir(cfg, 2)]
     (step_dir(cfg, 2) / STATE_FILE).write_bytes(b"")
-    _save(cfg, learner, 3)
+    save_step(cfg, learner, 3)
     assert sorted(p.name for p in cfg.checkpoint_dir.iterdir()) == ["step_000001", "step_000003"]

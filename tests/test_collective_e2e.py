@@ -58,16 +58,15 @@ def test_engine_loads_buckets_in_place_without_ray(tiny_model_dir, tmp_path):
     """One vLLM engine (RolloutWorker, in this process) joins a group with this process as learner
     rank 0 and receives another model's weights in 40 KB buckets (the 64 KB embedding in slices):
     its log-probs then equal HF's of those weights, not of the weights it started with."""
-    import threading
 
     from safetensors.torch import load_file
 
     from grpo_dist.config import load_config
     from grpo_dist.models import make_tiny_model
     from grpo_dist.rollout.worker import RolloutWorker
-    from grpo_dist.sync.buckets import WeightGroup, make_manifest, pack, plan, send_header
+    from grpo_dist.sync.buckets import plan
+    from grpo_dist.testing.rollout import receive_over_group
     from grpo_dist.types import PromptRecord
-    from grpo_dist.util.ports import free_port
 
     other = tmp_path / "other"
     make_tiny_model(str(other), size="tiny", seed=1, log=None)
@@ -80,24 +79,7 @@ def test_engine_loads_buckets_in_place_without_ray(tiny_model_dir, tmp_path):
     w.setup()
     try:
         state = load_file(str(other / "model.safetensors"))
-        manifest = make_manifest(state.items(), kind="full", bucket_bytes=40_000)
-        port, box = free_port(), {}
-        opener = threading.Thread(target=lambda: box.setdefault(
-            "group", WeightGroup("127.0.0.1", port, 0, 2, 60, tag="1", bind_ip="127.0.0.1")))
-        opener.start()
-        w.join_weight_group("127.0.0.1", port, 2, 1, 1, manifest)
-        opener.join()
-        group = box["group"]
-
-        def send():
-            send_header(group, [1, 1, 5, len(plan(manifest))])
-            for b in pack(manifest, list(state.values())):
-                group.broadcast(b)
-
-        sender = threading.Thread(target=send)
-        sender.start()
-        out = w.receive_weights(1, 1)
-        sender.join()
+        out, manifest, group = receive_over_group(w, state)
         assert out["version"] == 5 == w.version and out["buckets"] == len(plan(manifest)) > 20
         recs = [PromptRecord(id=i, prompt=f"{i}+{2 * i}=", columns={}) for i in range(3)]
         rollouts = [r for g in w.generate(recs, n=2, temperature=1.0, seed=3) for r in g.rollouts]

@@ -20,6 +20,10 @@ import pytest
 from grpo_dist.run import checkpoint
 from grpo_dist.run.outputs import read_metrics, write_metrics, write_summary
 from grpo_dist.util.disk import PARTIAL, WriteError, remove_dir, replace_dir, write_atomic
+from checkpoint_helpers import Here, save_step, small_run_config
+import checkpoint_helpers
+
+learner = checkpoint_helpers.learner  # the module-scoped fixture
 
 FULL = "No space left on device"
 READ_ONLY = "Read-only file system"
@@ -73,40 +77,6 @@ def test_a_file_rewritten_on_a_full_disk_keeps_its_old_content(small_disk):
 # ----------------------------------------------------------------------------- checkpoints, adapter
 
 
-class _Here:
-    """The learner group's two calls (``call`` then ``get``) on one learner in this process."""
-
-    def __init__(self, learner):
-        self.learner = learner
-
-    def call(self, method: str, *args):
-        return [getattr(self.learner, method)(*args)]
-
-    def get(self, refs, timeout=None):
-        return refs
-
-
-@pytest.fixture(scope="module")
-def learner(tiny_model_dir, in_process_learners):
-    from grpo_dist.testing.learner import make_learner, small_config
-
-    lrn, _ = make_learner(small_config(tiny_model_dir))
-    return lrn
-
-
-def _cfg(tiny_model_dir, out: Path, keep: int = 3):
-    from grpo_dist.testing.learner import small_config
-
-    cfg = small_config(tiny_model_dir)
-    cfg.output_dir, cfg.checkpoint.keep = str(out), keep
-    return cfg
-
-
-def _save(cfg, learner, step: int) -> Path:
-    workers = type("W", (), {"learner": _Here(learner)})()
-    return checkpoint.save(cfg, workers, step, {"position": step}, {"history": [{"step": float(step)}]})
-
-
 def _whole(cfg) -> list[int]:
     """The steps of the checkpoints a resume may take."""
     return [int(p.name.split("_")[1]) for p in checkpoint.list_checkpoints(cfg.checkpoint_dir)]
@@ -115,12 +85,12 @@ def _whole(cfg) -> list[int]:
 def test_checkpoint_cut_midway_by_a_full_disk_is_absent_and_resume_takes_the_one_before(
         small_disk, tiny_model_dir, learner):
     out = small_disk("2m")
-    cfg = _cfg(tiny_model_dir, out)
-    _save(cfg, learner, 1)
+    cfg = small_run_config(tiny_model_dir, out)
+    save_step(cfg, learner, 1)
     size = sum(f.stat().st_size for f in checkpoint.step_dir(cfg, 1).rglob("*") if f.is_file())
     filler = small_disk.fill(out, leave=size // 2)  # room for about half of the next one
     with pytest.raises(WriteError) as e:
-        _save(cfg, learner, 2)
+        save_step(cfg, learner, 2)
     msg = str(e.value)
     assert msg.startswith(f"disk full writing checkpoint {checkpoint.step_dir(cfg, 2)}/") and msg.endswith(f"({FULL})")
     assert Path(msg.split()[3]).name != checkpoint.STATE_FILE, msg  # it failed midway, before the last file
@@ -131,30 +101,30 @@ def test_checkpoint_cut_midway_by_a_full_disk_is_absent_and_resume_takes_the_one
     assert resumed == checkpoint.step_dir(cfg, 1)
     learner.load_checkpoint(resumed)  # whole: DeepSpeed (its `latest` tag), the adapter and the RNG load
     filler.unlink()
-    _save(cfg, learner, 2)
+    save_step(cfg, learner, 2)
     assert _whole(cfg) == [1, 2]
 
 
 def test_checkpoint_on_a_read_only_disk_names_it_and_keeps_the_others(small_disk, tiny_model_dir, learner):
     out = small_disk("4m")
-    cfg = _cfg(tiny_model_dir, out, keep=1)
-    _save(cfg, learner, 1)
+    cfg = small_run_config(tiny_model_dir, out, keep=1)
+    save_step(cfg, learner, 1)
     small_disk.read_only(out)
     with pytest.raises(WriteError) as e:
-        _save(cfg, learner, 2)
+        save_step(cfg, learner, 2)
     assert str(e.value) == f"cannot write checkpoint {checkpoint.step_dir(cfg, 2)} ({READ_ONLY})"
     assert _whole(cfg) == [1]  # and keep=1 pruned nothing: the only whole one stays
     remove_dir(checkpoint.step_dir(cfg, 1))  # a deletion that cannot even start leaves it whole
     assert _whole(cfg) == [1]
     small_disk.writable(out)
-    _save(cfg, learner, 2)
+    save_step(cfg, learner, 2)
     assert _whole(cfg) == [2]  # pruned once the new one is whole
     assert sorted(p.name for p in cfg.checkpoint_dir.iterdir()) == ["step_000002"]
 
 
 def test_leftovers_of_a_killed_writer_are_never_resumed_from(tmp_path, tiny_model_dir, learner):
-    cfg = _cfg(tiny_model_dir, tmp_path)
-    _save(cfg, learner, 1)
+    cfg = small_run_config(tiny_model_dir, tmp_path)
+    save_step(cfg, learner, 1)
     d = cfg.checkpoint_dir
     (d / f"{PARTIAL}step_000002").mkdir()  # a writer killed midway (this code)
     (d / f"{PARTIAL}step_000002" / checkpoint.STATE_FILE).write_text("{}")
@@ -162,19 +132,19 @@ def test_leftovers_of_a_killed_writer_are_never_resumed_from(tmp_path, tiny_mode
     (d / "step_000003.tmp").mkdir()  # a name that is no checkpoint's
     (d / "step_000003.tmp" / checkpoint.STATE_FILE).write_text("{}")
     assert _whole(cfg) == [1]
-    _save(cfg, learner, 4)
+    save_step(cfg, learner, 4)
     assert _whole(cfg) == [1, 4]
     assert not list(d.glob(f"{PARTIAL}*")), "the partial one is cleared by the next save"
 
 
 def test_final_adapter_on_a_full_disk_keeps_the_old_one_whole(small_disk, tiny_model_dir, learner):
     out = small_disk("1m")
-    cfg = _cfg(tiny_model_dir, out)
-    adapter = checkpoint.save_final(cfg, _Here(learner), out / "adapter")
+    cfg = small_run_config(tiny_model_dir, out)
+    adapter = checkpoint.save_final(cfg, Here(learner), out / "adapter")
     old = {p.name: p.read_bytes() for p in adapter.iterdir()}
     small_disk.fill(out, leave=64 * 1024)  # less than the adapter's weights
     with pytest.raises(WriteError) as e:
-        checkpoint.save_final(cfg, _Here(learner), out / "adapter")
+        checkpoint.save_final(cfg, Here(learner), out / "adapter")
     assert str(e.value) == f"disk full writing adapter {adapter / 'adapter_model.safetensors'} ({FULL})"
     assert {p.name: p.read_bytes() for p in adapter.iterdir()} == old
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".filler")) == ["adapter"]

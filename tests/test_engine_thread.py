@@ -102,8 +102,7 @@ GROUP_PROBE = textwrap.dedent("""
 
         from grpo_dist.config import load_config
         from grpo_dist.rollout.worker import RolloutWorker
-        from grpo_dist.sync.buckets import WeightGroup, make_manifest, pack, plan, send_header
-        from grpo_dist.util.ports import free_port
+        from grpo_dist.testing.rollout import receive_over_group
 
         cfg = load_config(None, {"model": {"path": sys.argv[1], "dtype": "float32"}, "lora": {"enabled": False},
                                  "cluster": {"num_cpus": 2},
@@ -118,24 +117,7 @@ GROUP_PROBE = textwrap.dedent("""
                 return _fn(*args, **kwargs)
             setattr(llm, name, recorded)
         state = load_file(sys.argv[1] + "/model.safetensors")
-        manifest = make_manifest(state.items(), kind="full", bucket_bytes=40_000)
-        port, box = free_port(), {}
-        opener = threading.Thread(target=lambda: box.setdefault(
-            "group", WeightGroup("127.0.0.1", port, 0, 2, 60, tag="1", bind_ip="127.0.0.1")))
-        opener.start()
-        w.join_weight_group("127.0.0.1", port, 2, 1, 1, manifest)  # from this (the actor's) thread
-        opener.join()
-        group = box["group"]
-
-        def send():
-            send_header(group, [1, 1, 5, len(plan(manifest))])
-            for b in pack(manifest, list(state.values())):
-                group.broadcast(b)
-
-        sender = threading.Thread(target=send)
-        sender.start()
-        out = w.receive_weights(1, 1)
-        sender.join()
+        out, _, group = receive_over_group(w, state)  # joined from this (the actor's) thread
         print("GROUP " + json.dumps({"version": out["version"], "calls": seen}), flush=True)
         group.close()
         w.close()

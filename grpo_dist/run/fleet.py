@@ -93,12 +93,7 @@ class Fleet:
         for run in self.runs.values():
             run.close()
         if self.workers is not None:
-            rollout = self.workers.rollout
-            try:  # engines release their processes and adapter dirs
-                rollout.get(rollout.call("close"), timeout=5 if self.stop_requested else 60)
-            except Exception:  # pragma: no cover - shutting down anyway
-                pass
-            self.workers.kill()
+            self.workers.close(quick=bool(self.stop_requested))
             self.workers = None
 
     # ------------------------------------------------------------------ the end

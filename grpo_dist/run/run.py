@@ -274,12 +274,7 @@ class Run(Stops):
         if self.workers is not None and self.fleet is not None:  # the fleet's actors: the fleet closes them
             self.workers = None
         if self.workers is not None:
-            rollout = self.workers.rollout
-            try:  # engines release their processes and adapter dirs
-                rollout.get(rollout.call("close"), timeout=5 if self.stop_requested else 60)
-            except Exception:  # pragma: no cover - shutting down anyway
-                pass
-            self.workers.kill()
+            self.workers.close(quick=bool(self.stop_requested))
             self.workers = None
 
 

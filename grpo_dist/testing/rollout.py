@@ -98,3 +98,33 @@ def stored_versions(worker) -> tuple[list[int], list[str]]:
     import os
 
     return list(worker.store.versions), sorted(os.listdir(worker.store.root))
+
+
+def receive_over_group(worker, state: dict, bucket_bytes: int = 40_000) -> tuple[dict, object, object]:
+    """A rollout worker joins a gloo weight group as rank 1 (its own thread: the caller's) while a
+    thread here opens rank 0, then receives ``state`` (full weights, version 5) broadcast bucket by
+    bucket. Returns ``(receive_weights' answer, the manifest, the group)``; close the group after."""
+    import threading
+
+    from grpo_dist.sync.buckets import WeightGroup, make_manifest, pack, plan, send_header
+    from grpo_dist.util.ports import free_port
+
+    manifest = make_manifest(state.items(), kind="full", bucket_bytes=bucket_bytes)
+    port, box = free_port(), {}
+    opener = threading.Thread(target=lambda: box.setdefault(
+        "group", WeightGroup("127.0.0.1", port, 0, 2, 60, tag="1", bind_ip="127.0.0.1")))
+    opener.start()
+    worker.join_weight_group("127.0.0.1", port, 2, 1, 1, manifest)
+    opener.join()
+    group = box["group"]
+
+    def send():
+        send_header(group, [1, 1, 5, len(plan(manifest))])
+        for b in pack(manifest, list(state.values())):
+            group.broadcast(b)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    out = worker.receive_weights(1, 1)
+    sender.join()
+    return out, manifest, group
