@@ -68,7 +68,7 @@ class RolloutWorker(WeightGroupMember):
         self.adapter = ""  # the adapter the engine serves ("": the run's one adapter)
         self._kept: dict[str, AdapterUpdate] = {}  # several adapters: each one's newest update
         self._versions: dict[str, int] = {}  # ... and its version
-        self._serving: AdapterUpdate | None = None  # the update the engine's weights hold (None: the base)
+        self._serving: AdapterUpdate | None = None  # several adapters: the update the engine holds (None: the base)
         self.engine: Generator | None = None
         self.store: AdapterStore | None = None
         self.merger: LoraMerger | None = None  # rollout.adapter_mode merged: the base weights
@@ -227,7 +227,7 @@ class RolloutWorker(WeightGroupMember):
             t_loaded = time.perf_counter()
             if asleep:
                 self.engine.wake_up(["kv_cache"])
-        self.version, self._serving = update.version, update
+        self.version = update.version
         t2 = time.perf_counter()
         wake = (t_woke - t1) + (t2 - t_loaded)  # timing/sync_wake (0 unless the engine slept: colocated on GPU)
         return {"version": update.version, "bytes": nbytes, "seconds": t2 - t0, **clocks, "load_s": t2 - t1 - wake,
